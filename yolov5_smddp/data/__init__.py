@@ -1,0 +1,1 @@
+"""The input side: data.yaml, label verification and cache, augmentation, datasets and loaders."""
