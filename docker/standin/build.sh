@@ -77,7 +77,7 @@ tar -C "$root" --numeric-owner -c . | docker import \
     --change 'ENV PATH=/opt/ml/code:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV SAGEMAKER_TRAINING_MODULE=sagemaker_pytorch_container.training:main' \
     --change 'LABEL org.opencontainers.image.title=yolov5-smddp-standin' \
-    --change 'LABEL org.opencontainers.image.description=Local stand-in for the AWS PyTorch training DLC' \
+    --change 'LABEL org.opencontainers.image.description="Local stand-in for the AWS PyTorch training DLC"' \
     --change 'WORKDIR /' \
     --change 'ENTRYPOINT ["bash", "-m", "/usr/local/bin/start_with_right_hostname.sh"]' \
     --change 'CMD ["/bin/bash"]' \
