@@ -1,0 +1,120 @@
+"""Exact SageMaker SDK arguments built by yolov5_smddp.job (no SDK, no AWS)."""
+
+import pytest
+
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.job import (
+    JobSpec,
+    data_channels,
+    distribution_config,
+    dlc_image_uri,
+    hyperparameter_strings,
+    model_trainer_kwargs,
+    pytorch_estimator_kwargs,
+)
+
+IMAGE = "111111111111.dkr.ecr.us-east-1.amazonaws.com/yolov5-smddp:0.1.0-abc1234"
+ROLE = "arn:aws:iam::111111111111:role/SageMaker"
+METRICS = [{"Name": "train:loss", "Regex": "train_loss=([0-9.]+)"}]
+
+
+def test_estimator_kwargs_smddp_spot_exact():
+    spec = JobSpec(
+        image_uri=IMAGE, role=ROLE, instance_count=2, hyperparameters={"epochs": 3, "batch-size": 256, "rect": False},
+        checkpoint_s3_uri="s3://b/ckpt", use_spot_instances=True, max_run_s=3600, metric_definitions=METRICS,
+    )
+    assert pytorch_estimator_kwargs(spec) == {
+        "entry_point": "entrypoint.py",
+        "image_uri": IMAGE,
+        "role": ROLE,
+        "instance_type": "ml.p4d.24xlarge",
+        "instance_count": 2,
+        "hyperparameters": {"epochs": "3", "batch-size": "256", "rect": "False"},
+        "metric_definitions": METRICS,
+        "max_run": 3600,
+        "volume_size": 100,
+        "base_job_name": "yolov5-smddp",
+        "environment": {},
+        "input_mode": "FastFile",
+        "use_spot_instances": True,
+        "distribution": {"smdistributed": {"dataparallel": {"enabled": True}}},
+        "max_wait": 7200,
+        "checkpoint_s3_uri": "s3://b/ckpt",
+        "checkpoint_local_path": "/opt/ml/checkpoints",
+    }
+
+
+def test_estimator_kwargs_no_distribution_has_no_distribution_key():
+    spec = JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.g5.12xlarge", distribution="none",
+                   metric_definitions=METRICS, output_path="s3://b/out", source_dir="/tmp/code")
+    kwargs = pytorch_estimator_kwargs(spec)
+    assert "distribution" not in kwargs and "max_wait" not in kwargs and "checkpoint_s3_uri" not in kwargs
+    assert kwargs["output_path"] == "s3://b/out"
+    assert kwargs["source_dir"] == "/tmp/code"
+
+
+def test_distribution_config_values():
+    assert distribution_config("torchrun", "ml.p5.48xlarge") == {"torch_distributed": {"enabled": True}}
+    assert distribution_config("none", "ml.g5.xlarge") is None
+    with pytest.raises(ConfigError, match="ml.p5.48xlarge"):
+        distribution_config("smddp", "ml.p5.48xlarge")
+    with pytest.raises(ConfigError, match="'horovod'"):
+        distribution_config("horovod", "ml.p4d.24xlarge")
+
+
+def test_hyperparameter_strings_rejects_bad_names_and_values():
+    assert hyperparameter_strings({"lr0": 0.01, "sync-bn": True, "cfg": "yolov5s"}) == {
+        "lr0": "0.01", "sync-bn": "True", "cfg": "yolov5s"}
+    with pytest.raises(ConfigError, match="'epochs; rm'"):
+        hyperparameter_strings({"epochs; rm": 1})
+    with pytest.raises(ConfigError, match="'names'"):
+        hyperparameter_strings({"names": ["a", "b"]})
+
+
+def test_spot_checks():
+    with pytest.raises(ConfigError, match="checkpoint_s3_uri"):
+        pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, use_spot_instances=True, metric_definitions=METRICS))
+    with pytest.raises(ConfigError, match="max_wait_s"):
+        pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, use_spot_instances=True, checkpoint_s3_uri="s3://b/c",
+                                         max_run_s=100, max_wait_s=50, metric_definitions=METRICS))
+
+
+def test_data_channels():
+    spec = JobSpec(image_uri=IMAGE, role=ROLE, train_s3_uri="s3://b/train", val_s3_uri="s3://b/val")
+    assert data_channels(spec) == {"training": "s3://b/train", "validation": "s3://b/val"}
+    assert data_channels(JobSpec(image_uri=IMAGE, role=ROLE)) == {}
+    with pytest.raises(ConfigError, match="val_s3_uri"):
+        data_channels(JobSpec(image_uri=IMAGE, role=ROLE, val_s3_uri="s3://b/val"))
+
+
+def test_model_trainer_kwargs_torchrun_exact():
+    spec = JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.p5.48xlarge", instance_count=4,
+                   distribution="torchrun", hyperparameters={"epochs": 1}, checkpoint_s3_uri="s3://b/c",
+                   source_dir="/tmp/code")
+    assert model_trainer_kwargs(spec) == {
+        "training_image": IMAGE,
+        "role": ROLE,
+        "base_job_name": "yolov5-smddp",
+        "hyperparameters": {"epochs": "1"},
+        "environment": {},
+        "compute": {"instance_type": "ml.p5.48xlarge", "instance_count": 4, "volume_size_in_gb": 100,
+                    "enable_managed_spot_training": False},
+        "stopping_condition": {"max_runtime_in_seconds": 86400},
+        "source_code": {"source_dir": "/tmp/code", "entry_script": "entrypoint.py"},
+        "distributed": {},
+        "checkpoint_config": {"s3_uri": "s3://b/c", "local_path": "/opt/ml/checkpoints"},
+    }
+
+
+def test_model_trainer_refuses_smddp_and_torchrun_without_source():
+    with pytest.raises(ConfigError, match="SDK v2"):
+        model_trainer_kwargs(JobSpec(image_uri=IMAGE, role=ROLE))
+    with pytest.raises(ConfigError, match="source_dir"):
+        model_trainer_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, distribution="torchrun"))
+    none = model_trainer_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, distribution="none"))
+    assert "source_code" not in none and "distributed" not in none
+
+
+def test_dlc_image_uri():
+    assert dlc_image_uri("eu-west-1") == (
+        "763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker")

@@ -1,0 +1,226 @@
+"""Pure builders of SageMaker training-job arguments: the keyword arguments of the SDK v2
+`sagemaker.pytorch.PyTorch(...)` estimator and a plain description of the SDK v3 `ModelTrainer(...)`.
+
+Nothing here imports the SageMaker SDK or talks to AWS, so every argument can be checked in unit tests;
+`examples/launch_sagemaker.py` turns the results into SDK objects and starts the job.
+
+Distributions (the `distribution` argument):
+- "smddp":    SMDDP all-reduce (`{"smdistributed": {"dataparallel": {"enabled": True}}}`); the toolkit runs
+              mpirun on the first host, one rank per GPU. Only on the instance types SMDDP supports.
+- "torchrun": `{"torch_distributed": {"enabled": True}}`; torchrun on every host, NCCL.
+- "none":     one process per host; our entrypoint starts one worker per GPU itself (torch elastic, NCCL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from yolov5_smddp.errors import ConfigError
+
+DISTRIBUTIONS = ("smddp", "torchrun", "none")
+SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
+DEFAULT_REGION = "us-west-2"
+DLC_ACCOUNT = "763104351884"
+DEFAULT_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+INPUT_MODES = ("File", "FastFile", "Pipe")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """Everything a training job needs, in plain values."""
+
+    image_uri: str
+    """The training image (ours, pushed to ECR by `build.sh push`)."""
+    role: str
+    """IAM role ARN the job runs as."""
+    instance_type: str = "ml.p4d.24xlarge"
+    instance_count: int = 1
+    distribution: str = "smddp"
+    """One of DISTRIBUTIONS."""
+    hyperparameters: Mapping[str, object] = field(default_factory=dict)
+    """Options of `yolov5-smddp train` (e.g. {"epochs": 300, "batch-size": 256, "cfg": "yolov5s"})."""
+    train_s3_uri: str | None = None
+    """S3 prefix of the training channel (holding data.yaml); None trains on the embedded default dataset."""
+    val_s3_uri: str | None = None
+    """Optional separate validation channel."""
+    input_mode: str = "FastFile"
+    checkpoint_s3_uri: str | None = None
+    """Where /opt/ml/checkpoints is synced; needed to resume spot jobs."""
+    output_path: str | None = None
+    """S3 prefix for model.tar.gz and output.tar.gz; None lets the SDK use the session's default bucket."""
+    use_spot_instances: bool = False
+    max_run_s: int = 24 * 3600
+    max_wait_s: int | None = None
+    """Spot only: total time including waiting for capacity; defaults to 2 x max_run_s."""
+    volume_size_gb: int = 100
+    base_job_name: str = "yolov5-smddp"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    metric_definitions: list[dict[str, str]] | None = None
+    """None: `yolov5_smddp.telemetry.METRIC_DEFINITIONS`."""
+    entry_point: str = "entrypoint.py"
+    """The program: the image's SAGEMAKER_PROGRAM (/opt/ml/code/entrypoint.py) wins under the toolkit."""
+    source_dir: str | None = None
+    """A local folder holding `entry_point` (a copy of the repo's entrypoint.py); SDK v3 with Torchrun
+    uploads it and runs it under torchrun. None: SDK v2 uploads `entry_point` alone."""
+
+
+def dlc_image_uri(region: str = DEFAULT_REGION, tag: str = DEFAULT_DLC_TAG) -> str:
+    """The AWS PyTorch training DLC for `region` (the default base of our image)."""
+    return f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/pytorch-training:{tag}"
+
+
+def distribution_config(distribution: str, instance_type: str) -> dict | None:
+    """The SDK v2 `distribution=` value, or None for one process per host.
+
+    Raises ConfigError for an unknown name, or for SMDDP on an instance type it does not support.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ConfigError(f"distribution {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+    if distribution == "smddp":
+        if instance_type not in SMDDP_INSTANCE_TYPES:
+            raise ConfigError(
+                f"distribution 'smddp' does not support instance type {instance_type!r} (SMDDP runs on "
+                f"{', '.join(SMDDP_INSTANCE_TYPES)}); use distribution 'torchrun' (NCCL) there"
+            )
+        return {"smdistributed": {"dataparallel": {"enabled": True}}}
+    if distribution == "torchrun":
+        return {"torch_distributed": {"enabled": True}}
+    return None
+
+
+def hyperparameter_strings(hyperparameters: Mapping[str, object]) -> dict[str, str]:
+    """Hyperparameters as the strings the toolkit turns into `--key value` (booleans as True/False).
+
+    Raises ConfigError for a key that is not a plain option name or a value that is not a scalar.
+    """
+    out: dict[str, str] = {}
+    for key, value in hyperparameters.items():
+        if not key or not all(c.isalnum() or c in "-_" for c in key):
+            raise ConfigError(f"hyperparameter name {key!r}: use letters, digits, '-' and '_' only")
+        if isinstance(value, bool):
+            out[key] = "True" if value else "False"
+        elif isinstance(value, int | float | str):
+            out[key] = str(value)
+        else:
+            raise ConfigError(f"hyperparameter {key!r}: value {value!r} is not a string, number or boolean")
+    return out
+
+
+def data_channels(spec: JobSpec) -> dict[str, str]:
+    """Channel name -> S3 URI (`training`, and `validation` when given); empty for the embedded dataset."""
+    channels: dict[str, str] = {}
+    if spec.train_s3_uri:
+        channels["training"] = spec.train_s3_uri
+    if spec.val_s3_uri:
+        if not spec.train_s3_uri:
+            raise ConfigError("val_s3_uri is set without train_s3_uri: give the training channel too")
+        channels["validation"] = spec.val_s3_uri
+    return channels
+
+
+def _check(spec: JobSpec) -> None:
+    if spec.instance_count < 1:
+        raise ConfigError(f"instance_count must be >= 1, got {spec.instance_count}")
+    if spec.input_mode not in INPUT_MODES:
+        raise ConfigError(f"input_mode {spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}")
+    if spec.max_wait_s is not None and not spec.use_spot_instances:
+        raise ConfigError("max_wait_s is only valid with use_spot_instances=True")
+    if spec.use_spot_instances and _max_wait(spec) < spec.max_run_s:
+        raise ConfigError(f"max_wait_s ({spec.max_wait_s}) must be >= max_run_s ({spec.max_run_s}) for spot jobs")
+    if spec.use_spot_instances and not spec.checkpoint_s3_uri:
+        raise ConfigError("use_spot_instances=True needs checkpoint_s3_uri, or an interrupted job restarts from zero")
+
+
+def _max_wait(spec: JobSpec) -> int:
+    return spec.max_wait_s if spec.max_wait_s is not None else 2 * spec.max_run_s
+
+
+def _metric_definitions(spec: JobSpec) -> list[dict[str, str]]:
+    if spec.metric_definitions is not None:
+        return list(spec.metric_definitions)
+    from yolov5_smddp.telemetry import METRIC_DEFINITIONS
+
+    return list(METRIC_DEFINITIONS)
+
+
+def pytorch_estimator_kwargs(spec: JobSpec) -> dict:
+    """Keyword arguments of SDK v2 `sagemaker.pytorch.PyTorch(**kwargs)` for `spec`.
+
+    `.fit(data_channels(spec))` (as `TrainingInput(uri, input_mode=spec.input_mode)`) starts the job.
+    """
+    _check(spec)
+    kwargs: dict = {
+        "entry_point": spec.entry_point,
+        **({"source_dir": spec.source_dir} if spec.source_dir else {}),
+        "image_uri": spec.image_uri,
+        "role": spec.role,
+        "instance_type": spec.instance_type,
+        "instance_count": spec.instance_count,
+        "hyperparameters": hyperparameter_strings(spec.hyperparameters),
+        "metric_definitions": _metric_definitions(spec),
+        "max_run": spec.max_run_s,
+        "volume_size": spec.volume_size_gb,
+        "base_job_name": spec.base_job_name,
+        "environment": dict(spec.environment),
+        "input_mode": spec.input_mode,
+        "use_spot_instances": spec.use_spot_instances,
+    }
+    distribution = distribution_config(spec.distribution, spec.instance_type)
+    if distribution is not None:
+        kwargs["distribution"] = distribution
+    if spec.use_spot_instances:
+        kwargs["max_wait"] = _max_wait(spec)
+    if spec.checkpoint_s3_uri:
+        kwargs["checkpoint_s3_uri"] = spec.checkpoint_s3_uri
+        kwargs["checkpoint_local_path"] = CHECKPOINT_LOCAL_PATH
+    if spec.output_path:
+        kwargs["output_path"] = spec.output_path
+    return kwargs
+
+
+def model_trainer_kwargs(spec: JobSpec) -> dict:
+    """SDK v3 `sagemaker.train.model_trainer.ModelTrainer(**kwargs)` arguments, as plain values.
+
+    Values that the SDK takes as objects are dicts named by their class, for the caller to construct:
+    `compute` -> `Compute(**v)`, `stopping_condition` -> `StoppingCondition(**v)`,
+    `checkpoint_config` -> `CheckpointConfig(**v)`, `source_code` -> `SourceCode(**v)`,
+    `distributed` -> `Torchrun(**v)`. SDK v3 has no SMDDP class: "smddp" is refused here (use SDK v2).
+    "torchrun" uploads `source_dir` and runs `entry_point` under torchrun (one worker per process);
+    "none" passes no source code, so the image's own toolkit path runs entrypoint.py once per host.
+    Data channels go to `.train(input_data_config=[InputData(channel_name=k, data_source=v), ...])`.
+    """
+    _check(spec)
+    if spec.distribution == "smddp":
+        raise ConfigError("SDK v3 ModelTrainer has no SMDDP distribution: use pytorch_estimator_kwargs (SDK v2) "
+                          "or distribution 'torchrun'")
+    distribution_config(spec.distribution, spec.instance_type)
+    stopping: dict = {"max_runtime_in_seconds": spec.max_run_s}
+    if spec.use_spot_instances:
+        stopping["max_wait_time_in_seconds"] = _max_wait(spec)
+    kwargs: dict = {
+        "training_image": spec.image_uri,
+        "role": spec.role,
+        "base_job_name": spec.base_job_name,
+        "hyperparameters": hyperparameter_strings(spec.hyperparameters),
+        "environment": dict(spec.environment),
+        "compute": {
+            "instance_type": spec.instance_type,
+            "instance_count": spec.instance_count,
+            "volume_size_in_gb": spec.volume_size_gb,
+            "enable_managed_spot_training": spec.use_spot_instances,
+        },
+        "stopping_condition": stopping,
+    }
+    if spec.distribution == "torchrun":
+        if not spec.source_dir:
+            raise ConfigError("SDK v3 with distribution 'torchrun' needs source_dir: a local folder holding "
+                              f"{spec.entry_point} (a copy of the repo's entrypoint.py)")
+        kwargs["source_code"] = {"source_dir": spec.source_dir, "entry_script": spec.entry_point}
+        kwargs["distributed"] = {}
+    if spec.checkpoint_s3_uri:
+        kwargs["checkpoint_config"] = {"s3_uri": spec.checkpoint_s3_uri, "local_path": CHECKPOINT_LOCAL_PATH}
+    if spec.output_path:
+        kwargs["output_data_config"] = {"s3_output_path": spec.output_path}
+    return kwargs
