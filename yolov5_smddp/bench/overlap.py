@@ -1,0 +1,185 @@
+"""Checks the scaling model's overlap assumption on this machine: 2 Gloo processes train the same model
+with DDP, alternating steps with gradient sync and steps inside `no_sync()`. The measured cost of the
+sync (sync step − no-sync step) is compared with what `scaling.simulate_overlap` predicts from the
+measured backward time and the measured all-reduce time of each DDP bucket alone.
+
+The loss is a plain sum of the raw outputs' means: the backward through the network is what matters
+here, not the detection loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from yolov5_smddp.bench.scaling import bucket_ready_fractions, conv_work, ddp_buckets, simulate_overlap
+
+WARMUP_STEPS = 2  # DDP rebuilds its buckets in gradient-ready order after the first iteration
+COMM_REPEATS = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlapMeasurement:
+    """Milliseconds per step on rank 0 (the ranks start each step together after a barrier)."""
+
+    cfg: str
+    imgsz: int
+    batch_per_rank: int
+    world_size: int
+    iters: int
+    threads_per_rank: int
+    buckets: int
+    gradient_mb: float
+    forward_ms: float  # no-sync steps
+    backward_ms: float  # no-sync steps
+    step_no_sync_ms: float
+    step_sync_ms: float
+    bucket_allreduce_ms: float  # every bucket all-reduced alone, one after another, nothing else running
+    measured_exposed_ms: float  # step_sync − step_no_sync
+    noise_ms: float  # 2 × standard error of the paired (sync − no-sync) differences
+    predicted_exposed_ms: float  # the scaling model with the measured backward and bucket times
+    predicted_if_no_overlap_ms: float  # = bucket_allreduce_ms: what no overlap at all would cost
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.measured_exposed_ms - self.predicted_exposed_ms) <= self.noise_ms
+
+    def summary(self) -> str:
+        verdict = "agrees" if self.agrees else "DISAGREES"
+        return (
+            f"overlap check ({self.cfg} {self.imgsz}px, batch {self.batch_per_rank}/rank, {self.world_size} "
+            f"Gloo ranks × {self.threads_per_rank} thread, {self.iters} paired steps, {self.buckets} buckets, "
+            f"{self.gradient_mb:.1f} MB):\n"
+            f"  forward {self.forward_ms:.1f} ms, backward {self.backward_ms:.1f} ms, "
+            f"step no_sync {self.step_no_sync_ms:.1f} ms, step sync {self.step_sync_ms:.1f} ms\n"
+            f"  all-reduce of the buckets alone {self.bucket_allreduce_ms:.1f} ms\n"
+            f"  exposed communication: measured {self.measured_exposed_ms:.1f} ± {self.noise_ms:.1f} ms, "
+            f"model {self.predicted_exposed_ms:.1f} ms (no overlap would be {self.predicted_if_no_overlap_ms:.1f}"
+            f" ms) → {verdict}"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: int, iters: int,
+            out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from yolov5_smddp.models.yolo import build_model
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = build_model(cfg).train()
+        work = conv_work(model, imgsz)
+        params = [p for p in model.parameters() if p.requires_grad]
+        tensor_bytes = [p.numel() * p.element_size() for p in params]
+        ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+        images = torch.rand(batch, 3, imgsz, imgsz)
+
+        def step(sync: bool) -> tuple[float, float]:
+            dist.barrier()
+            start = time.perf_counter()
+            if sync:
+                outputs = ddp(images)
+            else:
+                with ddp.no_sync():
+                    outputs = ddp(images)
+            loss = sum(o.mean() for o in outputs)
+            forward_done = time.perf_counter()
+            if sync:
+                loss.backward()
+            else:
+                with ddp.no_sync():
+                    loss.backward()
+            end = time.perf_counter()
+            ddp.zero_grad(set_to_none=True)
+            return forward_done - start, end - forward_done
+
+        for _ in range(WARMUP_STEPS):
+            step(sync=True)
+        timings: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        for i in range(iters):
+            order = (True, False) if i % 2 == 0 else (False, True)  # alternate to cancel drift
+            for sync in order:
+                timings[sync].append(step(sync))
+
+        buckets = ddp_buckets(tensor_bytes)
+        bucket_tensors = [torch.zeros(sum(tensor_bytes[i] for i in b) // 4) for b in buckets]
+        per_bucket: list[list[float]] = [[] for _ in buckets]
+        for _ in range(COMM_REPEATS):
+            dist.barrier()
+            for k, tensor in enumerate(bucket_tensors):
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                per_bucket[k].append(time.perf_counter() - start)
+
+        if rank == 0:
+            Path(out_path).write_text(json.dumps({
+                "sync": timings[True],
+                "no_sync": timings[False],
+                "bucket_s": [statistics.median(t) for t in per_bucket],
+                "ready": bucket_ready_fractions(buckets, work),
+                "gradient_bytes": sum(tensor_bytes),
+            }))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2) -> OverlapMeasurement:
+    """Spawns `world_size` Gloo processes on this machine and returns rank 0's measurement."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "overlap.json")
+        mp.spawn(_worker, args=(world_size, _free_port(), cfg, imgsz, batch, iters, out_path),
+                 nprocs=world_size, join=True)
+        raw = json.loads(Path(out_path).read_text())
+    return summarise(raw, cfg=cfg, imgsz=imgsz, batch=batch, iters=iters, world_size=world_size)
+
+
+def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int) -> OverlapMeasurement:
+    """Turns rank 0's raw timings (seconds) into the comparison."""
+    sync_steps = [f + b for f, b in raw["sync"]]
+    no_sync_steps = [f + b for f, b in raw["no_sync"]]
+    differences = [s - n for s, n in zip(sync_steps, no_sync_steps, strict=True)]
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    noise_s = 2 * spread / math.sqrt(len(differences))
+    backward_s = statistics.mean(b for _, b in raw["no_sync"])
+    bucket_s = raw["bucket_s"]
+    predicted = simulate_overlap([r * backward_s for r in raw["ready"]], bucket_s, backward_s)
+    return OverlapMeasurement(
+        cfg=cfg,
+        imgsz=imgsz,
+        batch_per_rank=batch,
+        world_size=world_size,
+        iters=iters,
+        threads_per_rank=1,
+        buckets=len(bucket_s),
+        gradient_mb=raw["gradient_bytes"] / 1e6,
+        forward_ms=statistics.mean(f for f, _ in raw["no_sync"]) * 1e3,
+        backward_ms=backward_s * 1e3,
+        step_no_sync_ms=statistics.mean(no_sync_steps) * 1e3,
+        step_sync_ms=statistics.mean(sync_steps) * 1e3,
+        bucket_allreduce_ms=sum(bucket_s) * 1e3,
+        measured_exposed_ms=statistics.mean(differences) * 1e3,
+        noise_ms=noise_s * 1e3,
+        predicted_exposed_ms=predicted.exposed_s * 1e3,
+        predicted_if_no_overlap_ms=predicted.comm_s * 1e3,
+    )
