@@ -1,0 +1,226 @@
+"""Everything distributed: where this process sits (rank/world from torchrun or Open MPI), which backend
+to use (smddp / nccl / gloo), process-group init and teardown, and the few collectives the trainer needs.
+
+This is the ONLY module that imports `smdistributed` or reads RANK / LOCAL_RANK / WORLD_SIZE / OMPI_*.
+Rules kept for SMDDP's sake everywhere: `barrier()` never takes `device_ids`, and no sub-group is ever
+created (`new_group` breaks SMDDP); every collective runs on the default group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from yolov5_smddp.errors import ConfigError
+
+SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
+SMDDP_IMAGES = (
+    "the SageMaker PyTorch GPU DLCs 2.5.1 (pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker), "
+    "2.4.0 (2.4.0-gpu-py311-cu124-ubuntu22.04-sagemaker) and 2.3.0 (2.3.0-gpu-py311-cu121-ubuntu20.04-sagemaker); "
+    "no DLC from 2.6 on ships it"
+)
+DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits. `launcher` is "torchrun" (RANK/WORLD_SIZE set), "mpirun"
+    (OMPI_COMM_WORLD_*) or "none" (a single process)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    agent_store: bool = False
+    """torchrun's agent already serves the TCPStore at master_addr:master_port (workers are clients)."""
+    use_libuv: bool = True
+    """TCPStore transport; USE_LIBUV=0 for torch builds without libuv (Debian's)."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.launcher != "none"
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise ConfigError(f"environment variable {name} is missing (set by the launcher)")
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from exc
+
+
+def detect_dist_info(
+    environ: Mapping[str, str], default_master: Callable[[], str | None] | str | None = None
+) -> DistInfo:
+    """Read rank and world from torchrun's variables, else Open MPI's, else a single process.
+
+    Under mpirun (SageMaker's SMDDP launcher) MASTER_ADDR may be absent in a rank: `default_master`
+    (a host name, or a callable returning one, e.g. the first SageMaker host) supplies it; the caller
+    owns where that comes from, this module never reads /opt/ml.
+    """
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
+        local_rank = _int(environ, "LOCAL_RANK", rank)
+        local_world = _int(environ, "LOCAL_WORLD_SIZE", world)
+        node_rank = _int(environ, "GROUP_RANK", rank // max(local_world, 1))
+        launcher = "torchrun"
+    elif "OMPI_COMM_WORLD_RANK" in environ:
+        rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
+        local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
+        node_rank = rank // max(local_world, 1)  # OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index
+        launcher = "mpirun"
+    else:
+        return DistInfo(0, 0, 1, 1, 0, "127.0.0.1", DEFAULT_MASTER_PORT, "none")
+    if not (0 <= rank < world and 0 <= local_rank < local_world):
+        raise ConfigError(f"inconsistent {launcher} environment: rank {rank}/{world}, local rank {local_rank}/{local_world}")
+    master = environ.get("MASTER_ADDR") or None
+    if master is None:
+        master = default_master() if callable(default_master) else default_master
+    if master is None:
+        if world > local_world:
+            raise ConfigError(f"MASTER_ADDR is not set and no default master host is known for {world} ranks on several nodes")
+        master = "127.0.0.1"
+    port = _int(environ, "MASTER_PORT", DEFAULT_MASTER_PORT)
+    agent_store = launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    use_libuv = environ.get("USE_LIBUV", "1") == "1"
+    return DistInfo(rank, local_rank, world, local_world, node_rank, master, port, launcher, agent_store, use_libuv)
+
+
+def smddp_importable() -> bool:
+    """Import SMDDP's torch module (which registers the "smddp" backend); False when it is absent."""
+    try:
+        importlib.import_module(SMDDP_MODULE)
+    except ImportError:
+        return False
+    return True
+
+
+def choose_backend(requested: str, cuda_available: bool, smddp_available: bool) -> str:
+    """auto → smddp when SMDDP imports and CUDA is present, else nccl on CUDA, else gloo."""
+    if requested == "auto":
+        if cuda_available:
+            return "smddp" if smddp_available else "nccl"
+        return "gloo"
+    if requested == "smddp" and not smddp_available:
+        raise ConfigError(
+            f"--backend smddp: the SMDDP library ({SMDDP_MODULE}) is not installed in this image. "
+            f"It ships only in {SMDDP_IMAGES}. Use --backend nccl (or auto) on other images."
+        )
+    if requested == "nccl" and not cuda_available:
+        raise ConfigError("--backend nccl needs CUDA GPUs; none is visible here (use gloo or auto)")
+    if requested not in ("smddp", "nccl", "gloo"):
+        raise ConfigError(f"--backend={requested!r} must be one of auto, smddp, nccl, gloo")
+    return requested
+
+
+# ------------------------------------------------------------------------------------- process state
+
+_state: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None, "device": None}
+
+
+def init(info: DistInfo, backend: str, timeout_s: float) -> Any:
+    """Select the device and, when launched by torchrun/mpirun, join the default process group.
+
+    Returns the torch.device for this rank: cuda:local_rank for nccl/smddp on a CUDA machine, else CPU
+    (the smddp test stand-in runs on CPU).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if backend in ("nccl", "smddp") and torch.cuda.is_available():
+        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    _state.update(rank=info.rank, world_size=info.world_size, backend=backend, device=device)
+    if not info.distributed:
+        return device
+    if backend == "smddp":
+        smddp_importable()  # registers the backend
+    # Our own TCPStore: SMDDP's mpirun launcher exports neither RANK nor MASTER_*, and torch's env://
+    # client ignores USE_LIBUV under torchrun. Rank 0 hosts the store unless torchrun's agent does.
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(
+        info.master_addr,
+        info.master_port,
+        info.world_size,
+        is_master=info.rank == 0 and not info.agent_store,
+        timeout=timeout,
+        use_libuv=info.use_libuv,
+    )
+    dist.init_process_group(backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return device
+
+
+def is_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return int(_state["rank"])
+
+
+def world_size() -> int:
+    return int(_state["world_size"])
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (no device_ids: SMDDP rejects them)."""
+    if is_initialized():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: Any) -> Any:
+    """In-place sum over ranks; returns the tensor."""
+    if is_initialized():
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_mean(tensor: Any) -> Any:
+    """In-place mean over ranks (sum then divide: SMDDP and Gloo lack ReduceOp.AVG); returns the tensor."""
+    if is_initialized():
+        all_reduce_sum(tensor)
+        tensor.div_(world_size())
+    return tensor
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s picklable object on every rank (trusted: it comes from our own rank 0)."""
+    if not is_initialized():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=_state["device"])
+    return box[0]
+
+
+def destroy() -> None:
+    if is_initialized():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    _state.update(rank=0, world_size=1, backend=None, device=None)
