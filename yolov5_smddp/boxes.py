@@ -3,6 +3,8 @@ a name says normalised."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -48,3 +50,27 @@ def scale_boxes(
     out[..., 0::2] = (out[..., 0::2] - pad_w) / gain_w
     out[..., 1::2] = (out[..., 1::2] - pad_h) / gain_h
     return clip_boxes(out, original_hw[0], original_hw[1])
+
+
+def complete_iou(pred: torch.Tensor, target: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Complete IoU (Zheng et al., 2020) of paired boxes pred, target (Tensor[N, 4]) in (xc, yc, w, h)
+    → Tensor[N]: IoU - centre distance² / enclosing diagonal² - alpha * v, where v measures the
+    aspect-ratio mismatch and alpha = v / (1 - IoU + v) is treated as a constant.
+
+    torchvision's `complete_box_iou_loss` computes the same on xyxy boxes but divides w / h with no
+    epsilon, so a predicted box whose side underflows to 0 gives NaN loss and gradients; `eps` here
+    keeps every term finite for degenerate boxes.
+    """
+    (px, py, pw, ph), (tx, ty, tw, th) = pred.unbind(-1), target.unbind(-1)
+    left, right = torch.max(px - pw / 2, tx - tw / 2), torch.min(px + pw / 2, tx + tw / 2)
+    top, bottom = torch.max(py - ph / 2, ty - th / 2), torch.min(py + ph / 2, ty + th / 2)
+    inter = (right - left).clamp(min=0) * (bottom - top).clamp(min=0)
+    iou = inter / (pw * ph + tw * th - inter + eps)
+    enclose_w = torch.max(px + pw / 2, tx + tw / 2) - torch.min(px - pw / 2, tx - tw / 2)
+    enclose_h = torch.max(py + ph / 2, ty + th / 2) - torch.min(py - ph / 2, ty - th / 2)
+    diagonal2 = enclose_w**2 + enclose_h**2 + eps
+    centre2 = (px - tx) ** 2 + (py - ty) ** 2
+    v = (4 / math.pi**2) * (torch.atan(tw / (th + eps)) - torch.atan(pw / (ph + eps))) ** 2
+    with torch.no_grad():
+        alpha = v / (v - iou + 1 + eps)
+    return iou - centre2 / diagonal2 - alpha * v

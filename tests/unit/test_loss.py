@@ -1,0 +1,156 @@
+"""The training loss: equality with the release's numbers on the fixture, edge cases, gradients."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolov5_smddp.boxes import complete_iou, xywh_to_xyxy
+from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.models.yolo import build_model
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return torch.load(FIXTURES / "yolov5n_nc80_reference.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def model_n3():
+    torch.manual_seed(0)
+    return build_model("yolov5n", nc=3).train()
+
+
+def _raw(model, batch=2, h=64, w=96, seed=0):
+    torch.manual_seed(seed)
+    return model(torch.rand(batch, 3, h, w))
+
+
+def test_loss_matches_reference(reference):
+    model = build_model("yolov5n")
+    criterion = YoloLoss(model, reference["hyp"])
+    loss, items = criterion([r.clone() for r in reference["train_raw"]], reference["targets"])
+    assert loss.shape == (1,) and items.shape == (3,)
+    ref_total, ref_items = reference["loss_total"], reference["loss_items_box_obj_cls"]
+    assert ((loss - ref_total).abs() / ref_total.abs()).item() < 1e-5
+    assert ((items - ref_items).abs().max() / ref_items.abs().max()).item() < 1e-5
+    assert (items - ref_items).abs().div(ref_items.abs()).max().item() < 1e-5
+
+
+def test_complete_iou_agrees_with_torchvision_on_regular_boxes():
+    from torchvision.ops import complete_box_iou_loss
+
+    torch.manual_seed(0)
+    pred = torch.cat((torch.rand(200, 2) * 4, torch.rand(200, 2) * 3 + 0.05), 1)
+    target = torch.cat((torch.rand(200, 2) * 4, torch.rand(200, 2) * 3 + 0.05), 1)
+    ours = complete_iou(pred, target)
+    theirs = 1 - complete_box_iou_loss(xywh_to_xyxy(pred), xywh_to_xyxy(target), reduction="none")
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    same = complete_iou(target, target)
+    torch.testing.assert_close(same, torch.ones(200), rtol=0, atol=1e-4)  # eps / area for the smallest
+    collapsed = complete_iou(torch.tensor([[1.0, 1.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 2.0, 2.0]]))
+    assert torch.isfinite(collapsed).all() and collapsed.item() < 0
+
+
+def test_scale_loss_gains_exact():
+    hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "lr0": 0.01}
+    scaled = scale_loss_gains(hyp, nl=3, nc=80, imgsz=224)
+    assert scaled == pytest.approx({"box": 0.05, "obj": (224 / 640) ** 2, "cls": 0.5, "lr0": 0.01})
+    scaled = scale_loss_gains(hyp, nl=4, nc=20, imgsz=1280)
+    assert scaled["box"] == pytest.approx(0.0375)
+    assert scaled["cls"] == pytest.approx(0.5 * 20 / 80 * 0.75)
+    assert scaled["obj"] == pytest.approx(4 * 0.75)
+    assert hyp["obj"] == 1.0  # the input is not modified
+
+
+def test_no_targets_gives_zero_box_and_class_loss(model_n3):
+    raw = _raw(model_n3)
+    loss, items = YoloLoss(model_n3, HYP)(raw, torch.zeros(0, 6))
+    assert items[0].item() == 0.0 and items[2].item() == 0.0
+    assert math.isfinite(items[1].item()) and items[1].item() > 0
+    assert loss.item() == pytest.approx(items.sum().item() * 2)
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model_n3.parameters())
+    model_n3.zero_grad()
+
+
+def test_edge_targets_give_finite_loss_and_gradients(model_n3):
+    raw = _raw(model_n3)
+    targets = torch.tensor(
+        [
+            [0, 0, 0.0, 0.0, 0.1, 0.1],  # centre on the top-left corner
+            [0, 1, 1.0, 1.0, 0.2, 0.3],  # centre on the bottom-right corner
+            [1, 2, 0.5, 0.5, 1.0, 1.0],  # the whole image
+            [1, 0, 0.3, 0.7, 1e-4, 1e-4],  # far below every anchor: matched nowhere
+            [1, 2, 0.99, 0.01, 0.05, 0.02],
+        ]
+    )
+    loss, items = YoloLoss(model_n3, HYP)(raw, targets)
+    assert torch.isfinite(loss).all() and (items > 0).all()
+    loss.backward()
+    grads = [p.grad for p in model_n3.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    model_n3.zero_grad()
+
+
+def test_unmatched_target_contributes_nothing(model_n3):
+    raw = [r.detach() for r in _raw(model_n3)]
+    criterion = YoloLoss(model_n3, HYP)
+    base = torch.tensor([[0, 1, 0.4, 0.6, 0.2, 0.25]])
+    tiny = torch.tensor([[1, 0, 0.3, 0.7, 1e-4, 1e-4]])
+    _, with_tiny = criterion(raw, torch.cat((base, tiny)))
+    _, without = criterion(raw, base)
+    torch.testing.assert_close(with_tiny, without, rtol=1e-6, atol=0)
+
+
+def test_collapsed_predicted_boxes_stay_finite(model_n3):
+    raw = [r.detach().clone() for r in _raw(model_n3)]
+    for r in raw:
+        r[..., 2:4] = -200.0  # sigmoid underflows to 0: zero-size predicted boxes
+        r.requires_grad_(True)
+    loss, items = YoloLoss(model_n3, HYP)(raw, torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2]]))
+    loss.backward()
+    assert torch.isfinite(items).all() and items[0] > 0
+    assert all(torch.isfinite(r.grad).all() for r in raw)
+
+
+def test_single_class_has_no_class_loss():
+    model = build_model("yolov5n", nc=1).train()
+    raw = _raw(model)
+    loss, items = YoloLoss(model, HYP)(raw, torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3]]))
+    assert items[2].item() == 0.0 and items[0].item() > 0
+    loss.backward()
+    assert torch.isfinite(model.detect.m[0].weight.grad).all()
+
+
+def test_label_smoothing_and_focal_change_only_what_they_should(model_n3):
+    raw = [r.detach() for r in _raw(model_n3)]
+    targets = torch.tensor([[0, 1, 0.4, 0.6, 0.2, 0.25], [1, 2, 0.7, 0.3, 0.1, 0.4]])
+    _, plain = YoloLoss(model_n3, HYP)(raw, targets)
+    _, smooth = YoloLoss(model_n3, {**HYP, "label_smoothing": 0.1})(raw, targets)
+    assert smooth[0] == plain[0] and smooth[1] == plain[1] and smooth[2] != plain[2]
+    _, focal = YoloLoss(model_n3, {**HYP, "fl_gamma": 1.5})(raw, targets)
+    assert focal[0] == plain[0] and (focal[1:] < plain[1:]).all()
+
+
+def test_assignment_uses_neighbour_cells(model_n3):
+    """A target in the lower-left quarter of a cell is assigned to its own cell, the left and the lower
+    neighbour, for every anchor whose shape ratio is within anchor_t."""
+    criterion = YoloLoss(model_n3, HYP)
+    # level 0 of a 64×96 input is an 8×12 grid; centre at grid (5.3, 2.8), size 1.2×1.6 cells
+    target = torch.tensor([[0, 1, 5.3 / 12, 2.8 / 8, 1.2 / 12, 1.6 / 8]])
+    cand = criterion._candidates(target, 0, 8, 12)
+    picked = zip(cand["valid"].tolist(), cand["a"].tolist(), cand["gj"].tolist(), cand["gi"].tolist())
+    cells = {(a, j, i) for v, a, j, i in picked if v}
+    anchors = criterion.anchors[0]  # (1.25, 1.625), (2, 3.75), (4.125, 2.875) cells
+    ratio = torch.tensor([1.2, 1.6]) / anchors
+    matched = [a for a in range(3) if torch.max(ratio[a], 1 / ratio[a]).max() < 4]
+    assert matched == [0, 1, 2]
+    assert cells == {(a, j, i) for a in matched for j, i in ((2, 5), (2, 4), (3, 5))}
