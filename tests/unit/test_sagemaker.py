@@ -1,0 +1,184 @@
+"""The SageMaker contract module against fake /opt/ml trees (SAGEMAKER_BASE_DIR) and SM_* dicts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from yolov5_smddp.errors import ConfigError, DataError
+from yolov5_smddp.sagemaker import (
+    SageMakerEnv,
+    failure_reason,
+    hyperparameters_from_cli,
+    location_args,
+    main,
+    prepare_data_yaml,
+    read_environment,
+    write_failure,
+    write_local_config,
+)
+
+
+def _fake_opt_ml(base: Path, *, hosts=("algo-1", "algo-2"), current="algo-2", hps=None, channels=("training",)):
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": current, "hosts": list(hosts), "current_instance_type": "ml.p4d.24xlarge",
+         "network_interface_name": "eth1"}))
+    (config / "hyperparameters.json").write_text(json.dumps(hps or {}))
+    (config / "inputdataconfig.json").write_text(json.dumps({c: {"TrainingInputMode": "File"} for c in channels}))
+    for c in channels:
+        (base / "input" / "data" / c).mkdir(parents=True)
+    return base
+
+
+def test_nothing_set_is_one_local_host(tmp_path):
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="laptop", cpu_count=3)
+    assert env == SageMakerEnv(
+        base_dir=tmp_path, hosts=["laptop"], current_host="laptop", num_gpus=None, num_cpus=3, channels={},
+        model_dir=tmp_path / "model", output_dir=tmp_path / "output", output_data_dir=tmp_path / "output" / "data",
+        intermediate_dir=tmp_path / "output" / "intermediate", checkpoint_dir=tmp_path / "checkpoints",
+        hyperparameters={}, framework_params={}, instance_type=None, network_interface="eth0", on_sagemaker=False)
+    assert (env.node_rank, env.master_addr) == (0, "laptop")
+
+
+def test_config_files_fallback_when_sm_variables_are_absent(tmp_path):
+    """An mpirun rank started over ssh has no SM_*: the /opt/ml/input/config files describe the job."""
+    _fake_opt_ml(tmp_path, hps={"epochs": "3", "cfg": "\"yolov5n\"", "sagemaker_distributed_dataparallel_enabled":
+                                "true", "sagemaker_instance_type": "\"ml.p4d.24xlarge\""})
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="ignored", cpu_count=96)
+    assert env.hosts == ["algo-1", "algo-2"] and env.current_host == "algo-2"
+    assert (env.node_rank, env.master_addr) == (1, "algo-1")
+    assert env.hyperparameters == {"epochs": 3, "cfg": "yolov5n"}
+    assert env.framework_params == {"sagemaker_distributed_dataparallel_enabled": True,
+                                    "sagemaker_instance_type": "ml.p4d.24xlarge"}
+    assert env.channels == {"training": tmp_path / "input" / "data" / "training"}
+    assert (env.instance_type, env.network_interface, env.on_sagemaker) == ("ml.p4d.24xlarge", "eth1", True)
+
+
+def test_sm_variables_win_over_files(tmp_path):
+    _fake_opt_ml(tmp_path)
+    environ = {
+        "SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": '["algo-2","algo-1","algo-3"]', "SM_CURRENT_HOST": "algo-3",
+        "SM_NUM_GPUS": "8", "SM_NUM_CPUS": "96", "SM_CHANNELS": '["training","validation"]',
+        "SM_CHANNEL_TRAINING": "/mnt/fsx/coco", "SM_MODEL_DIR": "/m", "SM_OUTPUT_DATA_DIR": "/o/data",
+        "SM_HPS": '{"epochs": 5, "sagemaker_program": "entrypoint.py"}', "SM_FRAMEWORK_PARAMS": "{}",
+    }
+    env = read_environment(environ, cpu_count=1)
+    assert env.hosts == ["algo-1", "algo-2", "algo-3"] and env.node_rank == 2
+    assert (env.num_gpus, env.num_cpus) == (8, 96)
+    assert env.channels == {"training": Path("/mnt/fsx/coco"), "validation": tmp_path / "input/data/validation"}
+    assert (env.model_dir, env.output_data_dir) == (Path("/m"), Path("/o/data"))
+    assert env.hyperparameters == {"epochs": 5} and env.framework_params == {}
+
+
+def test_output_root_moves_all_outputs(tmp_path):
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path / "ml")}, hostname="h", output_root=tmp_path / "run")
+    assert env.model_dir == tmp_path / "run" / "model"
+    assert env.output_data_dir == tmp_path / "run" / "output" / "data"
+    assert env.checkpoint_dir == tmp_path / "run" / "checkpoints"
+    assert env.failure_file == tmp_path / "run" / "output" / "failure"
+    assert env.cache_dir == tmp_path / "run" / "output" / "intermediate" / "cache"
+
+
+def test_bad_json_and_unknown_host_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="SM_HOSTS"):
+        read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": "[algo-1"})
+    with pytest.raises(ConfigError, match="'algo-9'"):
+        read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"})
+    (tmp_path / "input" / "config").mkdir(parents=True)
+    (tmp_path / "input" / "config" / "resourceconfig.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="resourceconfig.json"):
+        read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)})
+
+
+def test_hyperparameters_from_cli_are_sagemaker_json_strings():
+    assert hyperparameters_from_cli(["--epochs", "3", "--rect", "--cfg=yolov5n", "--batch_size", "8", "--noval"]) == {
+        "epochs": "3", "rect": "true", "cfg": '"yolov5n"', "batch_size": "8", "noval": "true"}
+    with pytest.raises(ConfigError, match="'oops'"):
+        hyperparameters_from_cli(["oops"])
+
+
+def test_write_local_config_only_when_none_is_mounted(tmp_path):
+    (tmp_path / "input" / "data" / "training").mkdir(parents=True)
+    environ = {"SAGEMAKER_BASE_DIR": str(tmp_path)}
+    config_dir = write_local_config(environ, ["--epochs", "1"], hostname="abc123")
+    assert config_dir == tmp_path / "input" / "config"
+    resource = json.loads((config_dir / "resourceconfig.json").read_text())
+    assert (resource["current_host"], resource["hosts"]) == ("abc123", ["abc123"])
+    assert json.loads((config_dir / "hyperparameters.json").read_text()) == {"epochs": "1"}
+    assert list(json.loads((config_dir / "inputdataconfig.json").read_text())) == ["training"]
+    env = read_environment(environ)
+    assert env.hyperparameters == {"epochs": 1} and env.current_host == "abc123"
+    # a mounted (or already written) config is left exactly as it is
+    before = (config_dir / "hyperparameters.json").read_text()
+    assert write_local_config(environ, ["--epochs", "9"], hostname="other") is None
+    assert (config_dir / "hyperparameters.json").read_text() == before
+
+
+def test_location_args_fill_only_what_the_user_did_not_set(tmp_path):
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="h")
+    args = location_args(env, ["--epochs", "1", "--model_dir", "/mine", "--cache-dir=/c"])
+    assert args == ["--output-dir", str(tmp_path / "output/data"), "--checkpoint-dir", str(tmp_path / "checkpoints"),
+                    "--tensorboard-dir", str(tmp_path / "output/tensorboard")]
+
+
+def _write_dataset(root: Path) -> None:
+    for split in ("train", "val"):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+    (root / "data.yaml").write_text("path: /home/someone/datasets/tiny\ntrain: images/train\nval: images/val\n"
+                                    "names: [cat, dog]\n")
+
+
+def test_prepare_data_yaml_rebases_onto_the_channel(tmp_path):
+    base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1", channels=("training", "val"))
+    channel = base / "input" / "data" / "training"
+    _write_dataset(channel)
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(base)})
+    out = prepare_data_yaml(env, None)
+    assert out == base / "output" / "intermediate" / "data" / "data.yaml"
+    import yaml
+
+    rebased = yaml.safe_load(out.read_text())
+    assert rebased == {"path": str(channel.resolve()), "train": [str((channel / "images/train").resolve())],
+                       "val": [str(base / "input" / "data" / "val")], "names": ["cat", "dog"], "nc": 2}
+
+
+def test_prepare_data_yaml_errors_name_the_channel(tmp_path):
+    base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1")
+    channel = base / "input" / "data" / "training"
+    (channel / "coco.yaml").write_text("train: x\n")
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(base)})
+    with pytest.raises(DataError, match=f"{channel}: data.yaml not found .*coco.yaml"):
+        prepare_data_yaml(env, None)
+    with pytest.raises(DataError, match="coco.yaml"):
+        prepare_data_yaml(env, "coco.yaml")
+    no_channel = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path / "empty")}, hostname="h")
+    assert prepare_data_yaml(no_channel, None) is None
+
+
+def test_failure_file_reason_comes_first(tmp_path):
+    path = tmp_path / "output" / "failure"
+    reason = failure_reason(DataError("training channel /opt/ml/input/data/training: data.yaml not found"))
+    assert reason == "Dataset problem: training channel /opt/ml/input/data/training: data.yaml not found"
+    write_failure(path, reason, "Traceback (most recent call last):\n ...")
+    assert path.read_text().startswith(reason + "\n\nTraceback")
+    assert failure_reason(ValueError("x\ny")).startswith("Training failed with ValueError: x y.")
+
+
+def test_main_invalid_hyperparameter_fails_before_any_work(tmp_path, capsys):
+    pytest.importorskip("yaml")
+    base = _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
+    code = main(["--epochs", "0", "--cfg", "yolov5n"], environ={"SAGEMAKER_BASE_DIR": str(base)})
+    assert code == 2
+    failure = (base / "output" / "failure").read_text()
+    assert failure.splitlines()[0].startswith("Invalid hyperparameter or option: ")
+    assert "--epochs" in failure.splitlines()[0]
+    assert not (base / "model").exists()  # nothing was started
+
+
+def test_main_unknown_hyperparameter_is_named(tmp_path):
+    base = _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
+    assert main(["--epochz", "3"], environ={"SAGEMAKER_BASE_DIR": str(base)}) == 2
+    assert "--epochz" in (base / "output" / "failure").read_text().splitlines()[0]

@@ -1,0 +1,169 @@
+"""How the training workers start: a pure decision from the environment, and torch's elastic launcher.
+
+`decide_launch()` picks one of:
+- "torchrun": started by torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) -> this process is one worker.
+- "mpirun":   started by mpirun (OMPI_COMM_WORLD_* set; SageMaker's SMDDP distribution) -> this process
+              is one worker; the backend prefers smddp.
+- "single":   one host and one worker (one GPU, or a CPU host) -> run the worker in this process.
+- "elastic":  SageMaker started one process per host without a distribution -> start `nproc_per_node`
+              workers here with torch.distributed.launcher.api.elastic_launch and a static rendezvous that
+              joins all hosts (node rank = index of this host, master = first host).
+
+`python -m yolov5_smddp.launch ARGS` is the worker command the elastic launcher runs:
+`yolov5_smddp.commands.train.main(ARGS)`, with its exception recorded for the agent.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from yolov5_smddp.errors import ConfigError
+
+DEFAULT_MASTER_PORT = 7777
+MODES = ("torchrun", "mpirun", "single", "elastic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """How to run the workers of this host."""
+
+    mode: str
+    """One of MODES."""
+    nnodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    local_rank: int = 0
+    """This process's local rank under torchrun/mpirun (0 otherwise)."""
+    prefer_smddp: bool = False
+    """mpirun (SMDDP distribution): use backend smddp when the library is there."""
+
+    @property
+    def in_process(self) -> bool:
+        return self.mode != "elastic"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+def _positive_int(value: str | int | None, what: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise ConfigError(f"{what}={value!r} is not an integer") from exc
+    if number < 1:
+        raise ConfigError(f"{what}={value!r} must be >= 1")
+    return number
+
+
+def decide_launch(
+    environ: Mapping[str, str],
+    *,
+    hosts: Sequence[str],
+    current_host: str,
+    num_gpus: int,
+    nproc_per_node: str | int | None = None,
+    master_port: str | int | None = None,
+) -> LaunchPlan:
+    """The launch for this process (pure: a function of its arguments only).
+
+    `environ` is read for the launcher's variables only (torchrun's RANK/WORLD_SIZE/LOCAL_RANK/
+    LOCAL_WORLD_SIZE/GROUP_RANK, Open MPI's OMPI_COMM_WORLD_*, MASTER_ADDR/MASTER_PORT).
+    `nproc_per_node` (the `--nproc-per-node` option) overrides one worker per GPU (one on CPU hosts).
+    Raises ConfigError for a non-integer or non-positive count or port, or an unknown host.
+    """
+    if current_host not in hosts:
+        raise ConfigError(f"current host {current_host!r} is not among the hosts {list(hosts)}")
+    port = _positive_int(master_port, "--master-port") or _positive_int(environ.get("MASTER_PORT"), "MASTER_PORT") \
+        or DEFAULT_MASTER_PORT
+    master = environ.get("MASTER_ADDR") or hosts[0]
+    node_rank = list(hosts).index(current_host)
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        local_world = int(environ.get("LOCAL_WORLD_SIZE") or environ["WORLD_SIZE"])
+        world = int(environ["WORLD_SIZE"])
+        return LaunchPlan(mode="torchrun", nnodes=max(world // max(local_world, 1), 1), nproc_per_node=local_world,
+                          node_rank=int(environ.get("GROUP_RANK") or node_rank), master_addr=master,
+                          master_port=port, local_rank=int(environ.get("LOCAL_RANK") or 0))
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        world = int(environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        local_world = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or world)
+        return LaunchPlan(mode="mpirun", nnodes=max(world // max(local_world, 1), 1), nproc_per_node=local_world,
+                          node_rank=int(environ.get("OMPI_COMM_WORLD_NODE_RANK") or node_rank), master_addr=master,
+                          master_port=port, local_rank=int(environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0),
+                          prefer_smddp=True)
+    nproc = _positive_int(nproc_per_node, "--nproc-per-node") or max(num_gpus, 1)
+    mode = "single" if len(hosts) == 1 and nproc == 1 else "elastic"
+    return LaunchPlan(mode=mode, nnodes=len(hosts), nproc_per_node=nproc, node_rank=node_rank,
+                      master_addr=master, master_port=port)
+
+
+def elastic_config(plan: LaunchPlan, *, run_id: str, rdzv_timeout_s: int = 900) -> dict:
+    """Keyword arguments of torch's `LaunchConfig` for `plan` (pure; exact-value tested).
+
+    Static rendezvous: every host knows its rank, node 0 hosts the TCPStore on master:port. No restarts:
+    a failed worker fails the job (the others stop within the collective timeout).
+    """
+    return {
+        "min_nodes": plan.nnodes,
+        "max_nodes": plan.nnodes,
+        "nproc_per_node": plan.nproc_per_node,
+        "run_id": run_id,
+        "role": "trainer",
+        "rdzv_backend": "static",
+        "rdzv_endpoint": f"{plan.master_addr}:{plan.master_port}",
+        "rdzv_configs": {"rank": plan.node_rank, "timeout": rdzv_timeout_s},
+        "max_restarts": 0,
+        "monitor_interval": 1.0,
+        "start_method": "spawn",
+    }
+
+
+def worker_command(train_args: Sequence[str]) -> tuple[str, list[str]]:
+    """(program, arguments) of one elastic worker: this interpreter running this module."""
+    return sys.executable, ["-m", "yolov5_smddp.launch", *train_args]
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process failed; the message names its rank, exit code and error."""
+
+    def __init__(self, message: str, exitcode: int) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+
+
+def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> None:
+    """Start this host's workers and wait for all of them; raises WorkerFailed naming the first failure."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    program, args = worker_command(train_args)
+    try:
+        elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        detail = " ".join(str(message).split()) if message else "see the worker's error in the log above"
+        if "To enable traceback" in detail:
+            detail = "see the worker's error in the log above"
+        raise WorkerFailed(f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
+                           f"{failure.exitcode}: {detail}", failure.exitcode) from exc
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from yolov5_smddp.commands.train import main as train_main
+
+    return int(record(train_main)(list(argv)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))
