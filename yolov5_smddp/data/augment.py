@@ -1,0 +1,260 @@
+"""Training augmentations with the release's semantics and hyperparameter names.
+
+Boxes here are float32 [n, 5] rows (cls, x1, y1, x2, y2) in pixels of the image they go with; images
+are uint8 HWC (BGR inside the dataset; the colour order does not matter except for HSV, which expects
+BGR as OpenCV decodes it).
+
+Mosaic is composed with the random affine: instead of pasting four tiles on a 2s x 2s canvas and
+warping the canvas, each tile is warped once, straight into the s x s output, with the canvas
+placement folded into its matrix (same geometry, no large canvas, one pass over the output pixels).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentParams:
+    """Augmentation hyperparameters (names and "scratch-low" defaults of the release)."""
+
+    hsv_h: float = 0.015
+    """Hue gain (fraction)."""
+    hsv_s: float = 0.7
+    """Saturation gain (fraction)."""
+    hsv_v: float = 0.4
+    """Value gain (fraction)."""
+    degrees: float = 0.0
+    """Rotation range (+/- degrees)."""
+    translate: float = 0.1
+    """Translation range (+/- fraction of the output size)."""
+    scale: float = 0.5
+    """Scale range (1 +/- scale)."""
+    shear: float = 0.0
+    """Shear range (+/- degrees)."""
+    perspective: float = 0.0
+    """Perspective range (+/- fraction, 0..0.001)."""
+    flipud: float = 0.0
+    """Vertical flip probability."""
+    fliplr: float = 0.5
+    """Horizontal flip probability."""
+    mosaic: float = 1.0
+    """Mosaic probability."""
+    mixup: float = 0.0
+    """MixUp probability."""
+
+    @classmethod
+    def from_hyp(cls, hyp: dict | None) -> AugmentParams:
+        """Take the augmentation keys of a hyperparameter dict (other keys are ignored)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in (hyp or {}).items() if k in names})
+
+
+def _translation(dx: float, dy: float) -> np.ndarray:
+    m = np.eye(3)
+    m[0, 2], m[1, 2] = dx, dy
+    return m
+
+
+def random_affine_matrix(
+    in_wh: tuple[float, float], out_wh: tuple[int, int], p: AugmentParams, rng: np.random.Generator
+) -> tuple[np.ndarray, float]:
+    """3x3 matrix from input pixels to output pixels, and its scale factor.
+
+    M = T @ S @ R @ P @ C: C moves the input centre to the origin, P perspective, R rotation + scale,
+    S shear, T moves the origin to U(0.5 +/- translate) of the output size.
+    """
+    c = _translation(-in_wh[0] / 2, -in_wh[1] / 2)
+    persp = np.eye(3)
+    persp[2, 0], persp[2, 1] = rng.uniform(-p.perspective, p.perspective, 2)
+    angle = rng.uniform(-p.degrees, p.degrees)
+    s = rng.uniform(1 - p.scale, 1 + p.scale)
+    rot = np.eye(3)
+    rot[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=angle, scale=s)
+    shear = np.eye(3)
+    shear[0, 1] = math.tan(rng.uniform(-p.shear, p.shear) * math.pi / 180)
+    shear[1, 0] = math.tan(rng.uniform(-p.shear, p.shear) * math.pi / 180)
+    tx, ty = rng.uniform(0.5 - p.translate, 0.5 + p.translate, 2)
+    t = _translation(tx * out_wh[0], ty * out_wh[1])
+    return t @ shear @ rot @ persp @ c, s
+
+
+def transform_boxes(boxes: np.ndarray, m: np.ndarray, out_wh: tuple[int, int]) -> np.ndarray:
+    """xyxy [n, 4] → the xyxy boxes enclosing their four transformed corners, clipped to out_wh."""
+    n = len(boxes)
+    if n == 0:
+        return boxes.reshape(0, 4).astype(np.float32)
+    corners = np.ones((n * 4, 3))
+    corners[:, :2] = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(n * 4, 2)
+    corners = corners @ m.T
+    xy = corners[:, :2] / corners[:, 2:3] if m[2, 0] or m[2, 1] else corners[:, :2]
+    xy = xy.reshape(n, 8)
+    x, y = xy[:, 0::2], xy[:, 1::2]
+    out = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], axis=1)
+    out[:, 0::2] = out[:, 0::2].clip(0, out_wh[0])
+    out[:, 1::2] = out[:, 1::2].clip(0, out_wh[1])
+    return out.astype(np.float32)
+
+
+def box_candidates(
+    before: np.ndarray, after: np.ndarray, wh_thr: float = 2, ar_thr: float = 100, area_thr: float = 0.1
+) -> np.ndarray:
+    """bool [n]: keep boxes wider and taller than wh_thr px, with area after / before > area_thr and
+    aspect ratio < ar_thr. `before` is xyxy already multiplied by the augmentation's scale."""
+    eps = 1e-16
+    w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
+    w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
+    aspect = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (aspect < ar_thr)
+
+
+def _apply_box_transform(labels: np.ndarray, m: np.ndarray, s: float, out_wh: tuple[int, int]) -> np.ndarray:
+    new = transform_boxes(labels[:, 1:5], m, out_wh)
+    keep = box_candidates(labels[:, 1:5] * s, new)
+    return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32)
+
+
+def _warp(img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int], dst: np.ndarray | None = None) -> np.ndarray:
+    border = cv2.BORDER_CONSTANT if dst is None else cv2.BORDER_TRANSPARENT
+    if m[2, 0] or m[2, 1]:
+        return cv2.warpPerspective(
+            img, m, out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
+        )
+    return cv2.warpAffine(
+        img, m[:2], out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
+    )
+
+
+def random_perspective(
+    img: np.ndarray, labels: np.ndarray, p: AugmentParams, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random affine/perspective of a whole image (the non-mosaic path), output the same size.
+
+    labels [n, 5] (cls, xyxy px) → transformed, clipped and filtered (box_candidates).
+    """
+    h, w = img.shape[:2]
+    m, s = random_affine_matrix((w, h), (w, h), p, rng)
+    if not np.allclose(m, np.eye(3)):
+        img = _warp(img, m, (w, h))
+    return img, _apply_box_transform(labels, m, s, (w, h))
+
+
+def mosaic(
+    tiles: list[tuple[np.ndarray, np.ndarray]], size: int, p: AugmentParams, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Four (image, labels [n, 5] cls+xyxy px) tiles → (uint8 [size, size, 3], labels [m, 5]).
+
+    Geometry of the release: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a virtual
+    2s x 2s canvas filled with 114 (tile 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right), then
+    the random affine maps the canvas to s x s. Each tile is warped directly into the output.
+    """
+    s = size
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
+    all_labels = []
+    for k, (img, labels) in enumerate(tiles):
+        h, w = img.shape[:2]
+        if k == 0:
+            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+        elif k == 1:
+            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+            x1b, y1b = 0, h - (y2a - y1a)
+        elif k == 2:
+            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+            x1b, y1b = w - (x2a - x1a), 0
+        else:
+            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+            x1b, y1b = 0, 0
+        crop = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
+        tile_m = m @ _translation(x1a, y1a)  # crop pixel → canvas → output
+        _paste_warped(out, crop, tile_m)
+        shifted = labels.copy()
+        shifted[:, [1, 3]] += x1a - x1b
+        shifted[:, [2, 4]] += y1a - y1b
+        all_labels.append(shifted)
+    labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
+    labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
+    return out, _apply_box_transform(labels, m, scale, (s, s))
+
+
+def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
+    """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint."""
+    ch, cw = crop.shape[:2]
+    if ch == 0 or cw == 0:
+        return
+    oh, ow = out.shape[:2]
+    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
+    x0, y0 = max(int(math.floor(footprint[0])) - 1, 0), max(int(math.floor(footprint[1])) - 1, 0)
+    x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
+    if x1 <= x0 or y1 <= y0:
+        return
+    roi = np.ascontiguousarray(out[y0:y1, x0:x1])
+    _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=roi)
+    out[y0:y1, x0:x1] = roi
+
+
+def augment_hsv(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
+    """A copy of a BGR uint8 image with hue, saturation and value scaled by random U(1 +/- gain)."""
+    if not (p.hsv_h or p.hsv_s or p.hsv_v):
+        return img
+    gains = rng.uniform(-1, 1, 3) * (p.hsv_h, p.hsv_s, p.hsv_v) + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
+    x = np.arange(256, dtype=np.float32)
+    lut_h = ((x * gains[0]) % 180).astype(np.uint8)
+    lut_s = np.clip(x * gains[1], 0, 255).astype(np.uint8)
+    lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
+    merged = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
+    return cv2.cvtColor(merged, cv2.COLOR_HSV2BGR)
+
+
+def random_flips(
+    img: np.ndarray, labels_xywhn: np.ndarray, p: AugmentParams, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flip up-down with probability flipud and left-right with fliplr; labels [n, 5] (cls, xywh normalised)."""
+    labels = labels_xywhn
+    if rng.random() < p.flipud:
+        img = img[::-1]
+        labels = labels.copy()
+        labels[:, 2] = 1 - labels[:, 2]
+    if rng.random() < p.fliplr:
+        img = img[:, ::-1]
+        labels = labels.copy()
+        labels[:, 1] = 1 - labels[:, 1]
+    return img, labels
+
+
+def mixup(
+    img: np.ndarray, labels: np.ndarray, img2: np.ndarray, labels2: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blend two same-size images with r ~ Beta(32, 32); the labels of both are kept."""
+    r = rng.beta(32.0, 32.0)
+    blended = (img.astype(np.float32) * r + img2.astype(np.float32) * (1 - r)).astype(np.uint8)
+    return blended, np.concatenate([labels, labels2])
+
+
+def xyxy_to_xywhn(labels: np.ndarray, w: int, h: int) -> np.ndarray:
+    """[n, 5] (cls, xyxy px) → (cls, xc, yc, w, h) normalised to (w, h), boxes clipped inside the image."""
+    out = labels.astype(np.float32).copy()
+    x1, x2 = labels[:, 1].clip(0, w), labels[:, 3].clip(0, w)
+    y1, y2 = labels[:, 2].clip(0, h), labels[:, 4].clip(0, h)
+    out[:, 1], out[:, 2] = (x1 + x2) / 2 / w, (y1 + y2) / 2 / h
+    out[:, 3], out[:, 4] = (x2 - x1) / w, (y2 - y1) / h
+    return out
+
+
+def xywhn_to_xyxy(labels: np.ndarray, w: float, h: float, pad_w: float = 0.0, pad_h: float = 0.0) -> np.ndarray:
+    """[n, 5] (cls, xywh normalised) → (cls, xyxy px) for an image of (w, h) pixels placed at (pad_w, pad_h)."""
+    out = labels.astype(np.float32).copy()
+    out[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + pad_w
+    out[:, 2] = h * (labels[:, 2] - labels[:, 4] / 2) + pad_h
+    out[:, 3] = w * (labels[:, 1] + labels[:, 3] / 2) + pad_w
+    out[:, 4] = h * (labels[:, 2] + labels[:, 4] / 2) + pad_h
+    return out

@@ -1,0 +1,138 @@
+"""data.yaml → DataConfig.
+
+Path rules (all documented for users):
+- `path` (the dataset root) that is relative resolves against the folder of the YAML file itself,
+  never the current directory; a missing `path` means the YAML's own folder.
+- `train` / `val` / `test` are a folder, a list file (.txt of image paths) or an image, or a list of
+  these; relative entries resolve against the root.
+- `root_override` replaces the root, e.g. with a SageMaker channel folder: a data.yaml written for
+  `/home/me/data` then works when the channel is mounted at `/opt/ml/input/data/training`. Absolute
+  `train`/`val`/`test` entries under the YAML's original `path` are rebased onto the override as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from yolov5_smddp.errors import DataError
+
+SPLIT_KEYS = ("train", "val", "test")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """A resolved data.yaml."""
+
+    yaml_path: Path
+    """The YAML file this was read from (absolute)."""
+    root: Path
+    """The dataset root every relative entry resolved against (absolute)."""
+    train: list[Path]
+    """Training sources: folders, list files or images (absolute, existing)."""
+    val: list[Path]
+    """Validation sources (absolute, existing)."""
+    test: list[Path]
+    """Optional test sources (absolute, existing); empty when the YAML has none."""
+    names: list[str]
+    """Class names, index = class id."""
+    nc: int
+    """Number of classes (= len(names))."""
+
+
+def _parse_names(raw: object, yaml_path: Path) -> list[str]:
+    if isinstance(raw, list):
+        return [str(name) for name in raw]
+    if isinstance(raw, dict):
+        try:
+            ids = sorted(int(key) for key in raw)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{yaml_path}: key 'names': dict keys must be class ids 0..n-1, got {list(raw)}") from exc
+        if ids != list(range(len(ids))):
+            raise DataError(f"{yaml_path}: key 'names': class ids must be 0..{len(ids) - 1} without gaps, got {ids}")
+        by_id = {int(key): str(value) for key, value in raw.items()}
+        return [by_id[i] for i in ids]
+    raise DataError(f"{yaml_path}: key 'names' must be a list or a {{id: name}} dict, got {type(raw).__name__}")
+
+
+def _resolve_entry(entry: str, root: Path, original_root: Path | None) -> Path:
+    path = Path(entry).expanduser()
+    if not path.is_absolute():
+        return (root / path).resolve()
+    if original_root is not None and path.is_relative_to(original_root):
+        return (root / path.relative_to(original_root)).resolve()
+    return path
+
+
+def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -> DataConfig:
+    """Read and validate a data.yaml; see the module docstring for how paths resolve.
+
+    Raises DataError naming the YAML file and the key for a missing file, bad YAML, missing splits,
+    sources that do not exist, or `nc` that disagrees with `names`.
+    """
+    yaml_path = Path(yaml_path).expanduser().resolve()
+    if not yaml_path.is_file():
+        raise DataError(f"data.yaml not found: {yaml_path}")
+    try:
+        raw = yaml.safe_load(yaml_path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DataError(f"{yaml_path}: cannot be read as YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise DataError(f"{yaml_path}: expected a mapping with keys path/train/val/names, got {type(raw).__name__}")
+
+    yaml_root = raw.get("path")
+    if yaml_root is not None and not isinstance(yaml_root, str):
+        raise DataError(f"{yaml_path}: key 'path' must be a string, got {yaml_root!r}")
+    declared_root = Path(yaml_root).expanduser() if yaml_root else Path(".")
+    if not declared_root.is_absolute():
+        declared_root = yaml_path.parent / declared_root
+    declared_root = declared_root.resolve()
+    if root_override is not None:
+        root = Path(root_override).expanduser().resolve()
+        original_root = declared_root
+    else:
+        root, original_root = declared_root, None
+    if not root.is_dir():
+        raise DataError(f"{yaml_path}: key 'path': dataset root {root} is not a folder")
+
+    splits: dict[str, list[Path]] = {}
+    for key in SPLIT_KEYS:
+        value = raw.get(key)
+        if value is None or value == "":
+            if key in ("train", "val"):
+                raise DataError(f"{yaml_path}: key '{key}' is missing (a folder, list file, or a list of them)")
+            splits[key] = []
+            continue
+        entries = value if isinstance(value, list) else [value]
+        resolved = []
+        for entry in entries:
+            if not isinstance(entry, str):
+                raise DataError(f"{yaml_path}: key '{key}': entries must be paths, got {entry!r}")
+            path = _resolve_entry(entry, root, original_root)
+            if not path.exists():
+                raise DataError(f"{yaml_path}: key '{key}': {path} does not exist (root {root})")
+            resolved.append(path)
+        splits[key] = resolved
+
+    if "names" in raw:
+        names = _parse_names(raw["names"], yaml_path)
+    elif isinstance(raw.get("nc"), int):
+        names = [f"class{i}" for i in range(raw["nc"])]
+    else:
+        raise DataError(f"{yaml_path}: key 'names' is missing (a list of class names)")
+    if not names:
+        raise DataError(f"{yaml_path}: key 'names' is empty")
+    if "nc" in raw and raw["nc"] != len(names):
+        raise DataError(f"{yaml_path}: key 'nc' is {raw['nc']!r} but 'names' lists {len(names)} classes")
+
+    return DataConfig(
+        yaml_path=yaml_path,
+        root=root,
+        train=splits["train"],
+        val=splits["val"],
+        test=splits["test"],
+        names=names,
+        nc=len(names),
+    )

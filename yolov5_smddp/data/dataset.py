@@ -1,0 +1,208 @@
+"""YoloDataset: images and labels of a LabelIndex, augmented for training or letterboxed for validation.
+
+Item → (img uint8 [3, H, W] RGB, labels float32 [n, 6] (0, cls, xc, yc, w, h) normalised to the
+output image, image path, shapes) with shapes = ((h0, w0), ((gain_h, gain_w), (pad_w, pad_h))): the
+TOTAL scale from original pixels to network-input pixels and the padding, as
+`boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
+
+Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
+- mosaic partners come from a small pool of images this process decoded recently (`partner_pool`;
+  the pool follows the shuffled order, so partners are still random over an epoch) — one decode per
+  sample instead of four; `mosaic_partners="random"` draws them from the whole dataset as the release;
+- JPEGs at least twice the target size are decoded at reduced scale (libjpeg DCT scaling);
+- RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
+  `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
+  pages copy-on-write); under DDP each rank holds only its shard, so a node holds the dataset once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from yolov5_smddp.data.augment import (
+    AugmentParams,
+    augment_hsv,
+    mixup,
+    mosaic,
+    random_flips,
+    random_perspective,
+    xywhn_to_xyxy,
+    xyxy_to_xywhn,
+)
+from yolov5_smddp.data.labels import LabelIndex
+from yolov5_smddp.data.letterbox import letterbox
+from yolov5_smddp.errors import DataError
+
+CACHE_MODES = (None, "ram")
+PARTNER_MODES = ("recent", "random")
+_REDUCED_FLAGS = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+_MIN_POOL_FOR_PARTNERS = 4
+
+
+def rect_batch_shapes(shapes_hw: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
+    """Per-batch network input (h, w) for rectangular batches; `shapes_hw` must be sorted by h / w.
+
+    Each batch gets the shape of its most extreme aspect ratio: [maxi, 1] when all are landscape
+    (h / w < 1), [1, 1 / mini] when all are portrait, else square; scaled by img_size and rounded up to
+    a multiple of stride: ceil(shape * img_size / stride + pad) * stride. int [n_batches, 2].
+    """
+    aspect = shapes_hw[:, 0] / shapes_hw[:, 1]
+    n_batches = math.ceil(len(aspect) / batch_size)
+    shapes = np.ones((n_batches, 2))
+    for b in range(n_batches):
+        chunk = aspect[b * batch_size : (b + 1) * batch_size]
+        mini, maxi = chunk.min(), chunk.max()
+        if maxi < 1:
+            shapes[b] = [maxi, 1]
+        elif mini > 1:
+            shapes[b] = [1, 1 / mini]
+    return (np.ceil(shapes * img_size / stride + pad) * stride).astype(int)
+
+
+class YoloDataset:
+    """A map-style dataset over a LabelIndex (see the module docstring for items and speed levers)."""
+
+    def __init__(
+        self,
+        index: LabelIndex,
+        img_size: int,
+        *,
+        augment: bool,
+        hyp: dict | None,
+        rect: bool = False,
+        batch_size: int = 16,
+        stride: int = 32,
+        pad: float = 0.0,
+        cache_images: str | None = None,
+        mosaic_partners: str = "recent",
+        partner_pool: int = 32,
+        seed: int = 0,
+    ) -> None:
+        if cache_images not in CACHE_MODES:
+            raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
+        if mosaic_partners not in PARTNER_MODES:
+            raise DataError(f"mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
+        self.img_size = int(img_size)
+        self.augment = augment
+        self.params = AugmentParams.from_hyp(hyp)
+        self.rect = rect
+        self.stride = stride
+        self.cache_images = cache_images
+        self.mosaic_partners = mosaic_partners
+        self.partner_pool = max(int(partner_pool), _MIN_POOL_FOR_PARTNERS)
+        self.rng = np.random.default_rng(seed)
+        self.images: list[Path] = list(index.images)
+        self.shapes = np.asarray(index.shapes, dtype=np.int32).reshape(-1, 2)
+        self.labels: list[np.ndarray] = list(index.labels)
+        self.batch_shapes: np.ndarray | None = None
+        if rect:
+            order = np.argsort(self.shapes[:, 0] / self.shapes[:, 1], kind="stable")
+            self.images = [self.images[i] for i in order]
+            self.shapes = self.shapes[order]
+            self.labels = [self.labels[i] for i in order]
+            self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
+            self.batch_size = batch_size
+        self._ram: dict[int, np.ndarray] = {}
+        self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def reseed(self, seed: int) -> None:
+        """Give this copy (e.g. one DataLoader worker's) its own random stream."""
+        self.rng = np.random.default_rng(seed)
+
+    def cache_shard(self, indices: list[int]) -> None:
+        """Decode and keep the resized images of `indices` in RAM (only with cache_images="ram")."""
+        if self.cache_images != "ram":
+            return
+        for i in indices:
+            if i not in self._ram:
+                self._ram[i] = self._decode_resized(i)
+
+    def _decode_resized(self, i: int) -> np.ndarray:
+        """BGR uint8 [h, w, 3] with the long side resized to img_size."""
+        path = self.images[i]
+        h0, w0 = (int(v) for v in self.shapes[i])
+        long_side = max(h0, w0)
+        flag = cv2.IMREAD_COLOR
+        for factor, reduced in _REDUCED_FLAGS:
+            if long_side >= factor * self.img_size and path.suffix.lower() in (".jpg", ".jpeg"):
+                flag = reduced
+                break
+        img = cv2.imread(str(path), flag)
+        if img is None:
+            raise DataError(f"{path}: cannot be decoded any more (it was readable when the labels were scanned)")
+        r = self.img_size / long_side
+        new_wh = (max(round(w0 * r), 1), max(round(h0 * r), 1))
+        if (img.shape[1], img.shape[0]) != new_wh:
+            shrink = img.shape[1] > new_wh[0]
+            interp = cv2.INTER_AREA if shrink and not self.augment else cv2.INTER_LINEAR
+            img = cv2.resize(img, new_wh, interpolation=interp)
+        return img
+
+    def load_image(self, i: int) -> np.ndarray:
+        """Resized BGR image of item i (RAM cache, then the recent pool, then a decode)."""
+        img = self._ram.get(i)
+        if img is None:
+            img = self._recent.get(i)
+        if img is None:
+            img = self._decode_resized(i)
+        if self.augment and self.mosaic_partners == "recent":
+            self._recent[i] = img
+            self._recent.move_to_end(i)
+            while len(self._recent) > self.partner_pool:
+                self._recent.popitem(last=False)
+        return img
+
+    def _pixel_labels(self, i: int, img: np.ndarray) -> np.ndarray:
+        h, w = img.shape[:2]
+        return xywhn_to_xyxy(self.labels[i], w, h)
+
+    def _partners(self, i: int, k: int) -> list[int]:
+        if self.mosaic_partners == "recent" and len(self._recent) >= self.partner_pool // 2:
+            pool = [j for j in self._recent if j != i] or [i]
+            return [pool[j] for j in self.rng.integers(0, len(pool), k)]
+        return [int(j) for j in self.rng.integers(0, len(self), k)]
+
+    def _mosaic_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        first = self.load_image(i)  # before choosing partners, so the pool holds it
+        tiles = [(first, self._pixel_labels(i, first))]
+        for j in self._partners(i, 3):
+            img = self.load_image(j)
+            tiles.append((img, self._pixel_labels(j, img)))
+        return mosaic(tiles, self.img_size, self.params, self.rng)
+
+    def __getitem__(self, i: int):
+        p = self.params
+        h0, w0 = (int(v) for v in self.shapes[i])
+        use_mosaic = self.augment and not self.rect and self.rng.random() < p.mosaic
+        if use_mosaic:
+            img, labels = self._mosaic_sample(i)
+            if self.rng.random() < p.mixup:
+                img2, labels2 = self._mosaic_sample(int(self.rng.integers(0, len(self))))
+                img, labels = mixup(img, labels, img2, labels2, self.rng)
+            shapes = None
+        else:
+            img = self.load_image(i)
+            h, w = img.shape[:2]
+            shape = self.batch_shapes[i // self.batch_size] if self.rect else (self.img_size, self.img_size)
+            img, (rw, rh), (pad_w, pad_h) = letterbox(img, tuple(int(v) for v in shape), auto=False, scaleup=self.augment)
+            labels = xywhn_to_xyxy(self.labels[i], rw * w, rh * h, pad_w, pad_h)
+            shapes = ((h0, w0), ((rh * h / h0, rw * w / w0), (pad_w, pad_h)))
+            if self.augment:
+                img, labels = random_perspective(img, labels, p, self.rng)
+        out_h, out_w = img.shape[:2]
+        labels = xyxy_to_xywhn(labels, out_w, out_h)
+        if self.augment:
+            img = augment_hsv(img, p, self.rng)
+            img, labels = random_flips(img, labels, p, self.rng)
+        chw_rgb = np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))
+        targets = np.zeros((len(labels), 6), np.float32)
+        targets[:, 1:] = labels
+        return chw_rgb, targets, str(self.images[i]), shapes

@@ -1,0 +1,386 @@
+"""Image/label discovery and parallel verification → LabelIndex.
+
+Discovery: a source is a folder (searched recursively for image files), a list file (.txt, one image
+path per line; relative entries resolve against the LIST FILE's folder) or one image. The label of an
+image is its path with the last `/images/` replaced by `/labels/` and the extension by `.txt`.
+
+Verification reads every image header (size, truncation) and parses every label file. Each problem is
+reported once with its file and reason and the pair is skipped; duplicate rows are dropped (reported),
+polygon rows become their enclosing box, missing or empty label files make background images (counted).
+Nothing is ever written into the dataset except our own cache file (see `cache`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import IntFlag
+from pathlib import Path
+
+import numpy as np
+
+from yolov5_smddp.data.cache import (
+    CacheRejected,
+    ScanTable,
+    cache_file_name,
+    describe_foreign_cache,
+    is_writable_dir,
+    label_hash,
+    load_cache,
+    save_cache,
+    stale_reason,
+)
+from yolov5_smddp.data.imageinfo import ImageProblem, read_image_info
+from yolov5_smddp.errors import DataError
+
+log = logging.getLogger(__name__)
+
+IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm")
+CACHE_POLICIES = ("rebuild", "strict")
+_COORD_TOLERANCE = 1e-6
+_MAX_LOGGED_PROBLEMS = 20
+
+
+class PairFlag(IntFlag):
+    """What the scan found for one image/label pair."""
+
+    MISSING_LABEL = 1
+    EMPTY_LABEL = 2
+    BAD_IMAGE = 4
+    BAD_LABEL = 8
+    DUPLICATES = 16
+    POLYGONS = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanReport:
+    """Counts over all pairs and one message per problem ("<file>: <reason>")."""
+
+    found: int
+    usable: int
+    missing_labels: int
+    empty_labels: int
+    bad: int
+    duplicate_files: int
+    polygon_files: int
+    boxes: int
+    messages: list[str]
+    cache: str
+    """How the cache was used: 'loaded', 'built' or 'built (not written: ...)'."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabelIndex:
+    """The usable pairs of a split (bad pairs removed)."""
+
+    root: Path
+    images: list[Path]
+    """Absolute image paths."""
+    shapes: np.ndarray
+    """int32 [N, 2] (h, w) of each image as decoded."""
+    labels: list[np.ndarray]
+    """Per image float32 [n, 5] (cls, xc, yc, w, h) normalised to the image; n = 0 for background."""
+    report: ScanReport
+    cache_path: Path | None
+    """Where our cache was read or written (None when it could not be written anywhere)."""
+
+
+def label_path_for(image: Path) -> Path:
+    """`.../images/.../x.jpg` → `.../labels/.../x.txt` (the LAST `/images/` is replaced)."""
+    text = str(image)
+    sep_images, sep_labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    head, found, tail = text.rpartition(sep_images)
+    if found:
+        text = head + sep_labels + tail
+    return Path(text).with_suffix(".txt")
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix[1:].lower() in IMG_FORMATS
+
+
+def list_images(sources: list[Path]) -> list[Path]:
+    """Absolute image paths from folders, list files and images, sorted and without duplicates."""
+    found: set[Path] = set()
+    for source in sources:
+        source = Path(source)
+        if source.is_dir():
+            for dirpath, _dirs, files in os.walk(source, followlinks=True):
+                found.update(Path(dirpath, name) for name in files if _is_image(Path(name)))
+        elif source.is_file() and source.suffix == ".txt":
+            for line in source.read_text().splitlines():
+                entry = line.strip()
+                if entry:
+                    path = Path(entry)
+                    found.add(path if path.is_absolute() else (source.parent / path))
+        elif source.is_file() and _is_image(source):
+            found.add(source)
+        else:
+            raise DataError(f"image source {source} is not a folder, a .txt list file or an image")
+    return sorted(Path(os.path.abspath(p)) for p in found)
+
+
+def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
+    """Label file bytes → (float32 [n, 5] rows, flags, reason).
+
+    Raises ValueError with the reason when the file is unusable (columns, non-numeric, ranges, class).
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not a UTF-8 text file") from None
+    rows, flags = [], PairFlag(0)
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) < 5 or (len(fields) > 5 and len(fields) % 2 == 0):
+            raise ValueError(
+                f"line {number}: {len(fields)} values, expected 5 (class xc yc w h) or a polygon (class x1 y1 x2 y2 ...)"
+            )
+        try:
+            values = [float(v) for v in fields]
+        except ValueError:
+            bad = next(v for v in fields if not _is_float(v))
+            raise ValueError(f"line {number}: non-numeric value {bad!r}") from None
+        if not all(np.isfinite(values)):
+            raise ValueError(f"line {number}: non-finite value")
+        cls = values[0]
+        if cls < 0 or cls != int(cls):
+            raise ValueError(f"line {number}: class id {fields[0]} is not a non-negative integer")
+        if cls >= nc:
+            raise ValueError(f"line {number}: class id {int(cls)} >= nc {nc}")
+        coords = values[1:]
+        low, high = min(coords), max(coords)
+        if low < 0:
+            raise ValueError(f"line {number}: negative coordinate {low:g}")
+        if high > 1 + _COORD_TOLERANCE:
+            raise ValueError(f"line {number}: coordinate {high:g} out of range [0, 1] (labels must be normalised)")
+        if len(fields) > 5:
+            xs, ys = coords[0::2], coords[1::2]
+            x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+            coords = [(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]
+            flags |= PairFlag.POLYGONS
+        rows.append([cls, *coords])
+    if not rows:
+        return np.zeros((0, 5), np.float32), PairFlag.EMPTY_LABEL, ""
+    labels = np.clip(np.array(rows, dtype=np.float32), 0.0, None)
+    labels[:, 1:] = np.minimum(labels[:, 1:], 1.0)
+    reason = ""
+    unique, first = np.unique(labels, axis=0, return_index=True)
+    if len(unique) < len(labels):
+        reason = f"{len(labels) - len(unique)} duplicate rows dropped"
+        labels = labels[np.sort(first)]
+        flags |= PairFlag.DUPLICATES
+    return labels, flags, reason
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _PairResult:
+    shape: tuple[int, int]
+    flags: PairFlag
+    reason: str
+    labels: np.ndarray
+
+
+def _verify_pair(image: Path, label_data: bytes | OSError | None, nc: int) -> _PairResult:
+    empty = np.zeros((0, 5), np.float32)
+    try:
+        shape, _ = read_image_info(image)
+    except ImageProblem as exc:
+        return _PairResult((0, 0), PairFlag.BAD_IMAGE, str(exc), empty)
+    if label_data is None:
+        return _PairResult(shape, PairFlag.MISSING_LABEL, "", empty)
+    if isinstance(label_data, OSError):
+        return _PairResult((0, 0), PairFlag.BAD_LABEL, f"cannot be read: {label_data.strerror or label_data}", empty)
+    try:
+        labels, flags, reason = parse_label(label_data, nc)
+    except ValueError as exc:
+        return _PairResult((0, 0), PairFlag.BAD_LABEL, str(exc), empty)
+    return _PairResult(shape, flags, reason, labels)
+
+
+def _read_fingerprint(image: Path) -> tuple[int, bytes | OSError | None]:
+    """(image size in bytes or -1 when it cannot be stat'ed, label bytes, None when absent, or the error)."""
+    try:
+        size = os.stat(image).st_size
+    except OSError:
+        size = -1
+    try:
+        data = label_path_for(image).read_bytes()
+    except FileNotFoundError:
+        data = None
+    except OSError as exc:
+        data = exc
+    return size, data
+
+
+def _fingerprint_hash(data: bytes | OSError | None) -> str:
+    if data is None:
+        return ""
+    return label_hash(data if isinstance(data, bytes) else str(data).encode())
+
+
+def _relative(path: Path, root: Path) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
+def _foreign_cache_candidates(sources: list[Path], images: list[Path]) -> list[Path]:
+    """Where the release writes its cache: next to a list file, or `<labels folder>.cache`."""
+    candidates = {Path(s).with_suffix(".cache") for s in sources if Path(s).is_file()}
+    candidates |= {label_path_for(img).parent.with_suffix(".cache") for img in images}
+    return sorted(p for p in candidates if p.is_file())
+
+
+def _cache_targets(images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None) -> tuple[Path, Path]:
+    """(next to the labels, in cache_dir) — the two places our cache may live."""
+    name = cache_file_name(root, sorted(_relative(Path(s), root) for s in sources))
+    labels_parent = label_path_for(images[0]).parent.parent
+    fallback = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir(), "yolov5-smddp-cache")
+    return labels_parent / name, fallback / name
+
+
+def build_label_index(
+    sources: list[Path],
+    *,
+    nc: int,
+    root: Path,
+    cache_policy: str = "rebuild",
+    cache_dir: Path | None = None,
+    workers: int = 8,
+) -> LabelIndex:
+    """Discover, verify (or load from our cache) and index the pairs under `sources`.
+
+    `cache_policy` "rebuild": a stale or foreign cache is reported in one log line and ignored (ours is
+    rebuilt); "strict": any stale or foreign cache is a DataError naming the file. Raises DataError when
+    no images are found or no pair has a usable label.
+    """
+    if cache_policy not in CACHE_POLICIES:
+        raise DataError(f"cache policy {cache_policy!r} is not one of {CACHE_POLICIES}")
+    root = Path(root).resolve()
+    images = list_images(sources)
+    if not images:
+        where = ", ".join(str(s) for s in sources)
+        raise DataError(f"no images found in {where} (looked for files ending in {', '.join(IMG_FORMATS)})")
+
+    for foreign in _foreign_cache_candidates(sources, images):
+        message = describe_foreign_cache(foreign)
+        if cache_policy == "strict":
+            raise DataError(f"strict cache policy: {message}")
+        log.warning(message)
+
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        fingerprints = list(pool.map(_read_fingerprint, images, chunksize=64))
+    rel_images = [_relative(img, root) for img in images]
+    image_bytes = np.array([size for size, _ in fingerprints], dtype=np.int64)
+    hashes = [_fingerprint_hash(data) for _, data in fingerprints]
+
+    near, fallback = _cache_targets(images, root, sources, cache_dir)
+    table = None
+    for candidate in (near, fallback):
+        if not candidate.is_file():
+            continue
+        try:
+            cached = load_cache(candidate)
+            reason = stale_reason(cached, rel_images, image_bytes, hashes)
+        except CacheRejected as exc:
+            reason = str(exc)
+        if reason is None:
+            table, cache_path, cache_state = cached, candidate, "loaded"
+            break
+        if cache_policy == "strict":
+            raise DataError(f"strict cache policy: label cache {candidate} is stale: {reason}")
+        log.info("label cache %s is stale (%s); rebuilding", candidate, reason)
+
+    if table is None:
+        with ThreadPoolExecutor(max(workers, 1)) as pool:
+            results = list(
+                pool.map(_verify_pair, images, [data for _, data in fingerprints], [nc] * len(images), chunksize=64)
+            )
+        table = ScanTable(
+            images=rel_images,
+            image_bytes=image_bytes,
+            label_hashes=hashes,
+            shapes=np.array([r.shape for r in results], dtype=np.int32).reshape(-1, 2),
+            flags=np.array([int(r.flags) for r in results], dtype=np.uint8),
+            reasons=[r.reason for r in results],
+            counts=np.array([len(r.labels) for r in results], dtype=np.int32),
+            labels=np.concatenate([r.labels for r in results]) if results else np.zeros((0, 5), np.float32),
+        )
+        cache_path, cache_state = _write_cache(table, root, near, fallback)
+    return _index_from_table(table, images, root, sources, cache_path, cache_state)
+
+
+def _write_cache(table: ScanTable, root: Path, near: Path, fallback: Path) -> tuple[Path | None, str]:
+    errors = []
+    for target in (near, fallback):
+        try:
+            if target is fallback:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            if not is_writable_dir(target.parent):
+                errors.append(f"{target.parent} is not writable")
+                continue
+            save_cache(target, table, root=root)
+            return target, "built"
+        except OSError as exc:
+            errors.append(f"{target}: {exc.strerror or exc}")
+    log.warning("label cache not written: %s", "; ".join(errors))
+    return None, f"built (not written: {'; '.join(errors)})"
+
+
+def _index_from_table(
+    table: ScanTable, images: list[Path], root: Path, sources: list[Path], cache_path: Path | None, cache_state: str
+) -> LabelIndex:
+    flags = table.flags
+    bad = (flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL)) != 0
+    offsets = np.concatenate([[0], np.cumsum(table.counts)])
+    messages = []
+    for i in np.flatnonzero((flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL | PairFlag.DUPLICATES)) != 0):
+        about = images[i] if flags[i] & PairFlag.BAD_IMAGE else label_path_for(images[i])
+        messages.append(f"{about}: {table.reasons[i]}")
+    keep = np.flatnonzero(~bad)
+    labels = [table.labels[offsets[i] : offsets[i + 1]] for i in keep]
+    report = ScanReport(
+        found=len(images),
+        usable=len(keep),
+        missing_labels=int(((flags & PairFlag.MISSING_LABEL) != 0).sum()),
+        empty_labels=int(((flags & PairFlag.EMPTY_LABEL) != 0).sum()),
+        bad=int(bad.sum()),
+        duplicate_files=int(((flags & PairFlag.DUPLICATES) != 0).sum()),
+        polygon_files=int(((flags & PairFlag.POLYGONS) != 0).sum()),
+        boxes=int(sum(len(lb) for lb in labels)),
+        messages=messages,
+        cache=cache_state,
+    )
+    for message in messages[:_MAX_LOGGED_PROBLEMS]:
+        log.warning(message)
+    if len(messages) > _MAX_LOGGED_PROBLEMS:
+        log.warning("... and %d more problems (see the scan report)", len(messages) - _MAX_LOGGED_PROBLEMS)
+    if report.boxes == 0:
+        where = ", ".join(str(s) for s in sources)
+        example = label_path_for(images[0])
+        raise DataError(
+            f"no usable labels in {where}: looked for one .txt per image with /images/ replaced by /labels/ "
+            f"(e.g. {example}); {report.found} images, {report.missing_labels} without a label file, "
+            f"{report.empty_labels} empty, {report.bad} unusable"
+            + (f" (first problem: {messages[0]})" if messages else "")
+        )
+    return LabelIndex(
+        root=root,
+        images=[images[i] for i in keep],
+        shapes=table.shapes[keep],
+        labels=labels,
+        report=report,
+        cache_path=cache_path,
+    )

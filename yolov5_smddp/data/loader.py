@@ -1,0 +1,124 @@
+"""DataLoader assembly: samplers, worker count, seeding and the batch collate.
+
+Seeding: the loader's generator is seeded with seed + rank, so each rank draws its own base seed each
+epoch; each worker reseeds its dataset copy (augmentations), numpy and random from torch's per-worker
+seed (base seed + worker id). Same seed, rank and worker count → the same batches.
+
+Sampler: torch's DistributedSampler (global shuffle per epoch; call `loader.sampler.set_epoch(e)` every
+epoch). With the RAM cache under DDP a ShardSampler is used instead: each rank keeps a FIXED shard
+(indices rank, rank + world, ...) shuffled within itself each epoch, so a rank only ever reads — and
+caches — its own 1/world of the images, and a node holds the decoded dataset once, not once per rank.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+
+def num_workers_per_rank(cpu_count: int, local_gpus: int, batch_per_rank: int, user_workers: int) -> int:
+    """DataLoader workers for one rank: the CPUs of THIS node split over its local GPUs (never the global
+    world size), capped by the user's --workers and by the batch size. 0 means load in the main process."""
+    per_device = max(cpu_count, 0) // max(local_gpus, 1)
+    return max(min(per_device, max(batch_per_rank, 0), max(user_workers, 0)), 0)
+
+
+class ShardSampler(Sampler[int]):
+    """A fixed per-rank shard (rank::world_size), reshuffled inside itself every epoch.
+
+    Ranks' shards are disjoint and together cover the dataset; with drop_last all shards are cut to
+    the same length (so ranks take the same number of steps), without it short shards are padded by
+    repeating their own indices.
+    """
+
+    def __init__(self, n: int, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+        self.shard = list(range(rank, n, world_size))
+        self.length = n // world_size if drop_last else math.ceil(n / world_size)
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.shard)
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = [order[i] for i in torch.randperm(len(order), generator=g).tolist()]
+        while order and len(order) < self.length:
+            order += order[: self.length - len(order)]
+        return iter(order[: self.length])
+
+
+def collate(batch: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple]:
+    """Items → (imgs uint8 [B, 3, H, W], targets float32 [n, 6] (image index in batch, cls, xc, yc, w, h),
+    paths, shapes)."""
+    imgs, labels, paths, shapes = zip(*batch)
+    for i, lb in enumerate(labels):
+        lb[:, 0] = i
+    images = torch.from_numpy(np.stack(imgs))
+    targets = torch.from_numpy(np.concatenate(labels)) if labels else torch.zeros((0, 6))
+    return images, targets, paths, shapes
+
+
+def _worker_init(worker_id: int) -> None:
+    import cv2
+
+    cv2.setNumThreads(0)  # one OpenCV thread per worker: workers are the parallelism
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+    info = torch.utils.data.get_worker_info()
+    if info is not None and hasattr(info.dataset, "reseed"):
+        info.dataset.reseed(seed)
+
+
+def build_dataloader(
+    dataset,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    workers: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    pin_memory: bool | None = None,
+) -> DataLoader:
+    """A DataLoader over `dataset` for one rank; `loader.sampler.set_epoch(epoch)` every epoch.
+
+    `workers` is the already-decided count (see num_workers_per_rank). With a RAM-caching dataset the
+    rank's shard is decoded here, before the workers start.
+    """
+    world_size = max(world_size, 1)
+    if getattr(dataset, "cache_images", None) == "ram":
+        sampler = ShardSampler(
+            len(dataset), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+        dataset.cache_shard(sampler.shard)
+    else:
+        sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+    generator = torch.Generator().manual_seed(seed + rank)
+    if hasattr(dataset, "reseed"):
+        dataset.reseed(seed + rank)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        drop_last=drop_last,
+        persistent_workers=workers > 0,
+        worker_init_fn=_worker_init,
+        generator=generator,
+    )
