@@ -1,0 +1,179 @@
+"""Detection metrics, COCO-style: per-IoU-threshold matching, 101-point interpolated AP per class,
+precision and recall at the confidence of best mean F1, and the fitness used to pick "best" weights.
+
+Box format everywhere here: xyxy pixels. AP is averaged over the classes that have ground truth
+(as COCOeval does); a class with ground truth and no detection scores 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)  # [T]
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)  # COCO's recThrs
+
+
+def fitness(map50: float, map50_95: float) -> float:
+    """The scalar that ranks checkpoints: 0.1 * mAP50 + 0.9 * mAP50-95."""
+    return 0.1 * map50 + 0.9 * map50_95
+
+
+def match_predictions(
+    pred_boxes: torch.Tensor,
+    pred_conf: torch.Tensor,
+    pred_cls: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_cls: torch.Tensor,
+    iou_thresholds: torch.Tensor = IOU_THRESHOLDS,
+) -> torch.Tensor:
+    """Which predictions are true positives at each IoU threshold.
+
+    pred_boxes (Tensor[N, 4]) and gt_boxes (Tensor[M, 4]) in xyxy; pred_conf [N], pred_cls [N], gt_cls [M].
+    Greedy one-to-one, per threshold: predictions in descending confidence each take the still-unmatched
+    ground truth of the same class with the highest IoU >= threshold (COCOeval's rule; ranking pairs by
+    IoU alone can hand a ground truth to a low-confidence duplicate and disagrees with pycocotools).
+    Returns correct (BoolTensor[N, T]).
+    """
+    n, t = pred_boxes.shape[0], iou_thresholds.numel()
+    correct = np.zeros((n, t), dtype=bool)
+    if n == 0 or gt_boxes.shape[0] == 0:
+        return torch.from_numpy(correct)
+    iou = box_iou(pred_boxes.float(), gt_boxes.float())  # [N, M]
+    iou_np = (iou * (pred_cls.view(-1, 1) == gt_cls.view(1, -1))).cpu().numpy()
+    thresholds = iou_thresholds.cpu().numpy()[:, None]  # [T, 1]
+    candidates = np.nonzero((iou_np >= thresholds[0, 0]).any(1))[0]
+    candidates = candidates[np.argsort(-pred_conf.cpu().numpy()[candidates], kind="mergesort")]
+    gt_used = np.zeros((t, gt_boxes.shape[0]), dtype=bool)
+    levels = np.arange(t)
+    for p in candidates:
+        ok = (iou_np[p][None, :] >= thresholds) & ~gt_used  # [T, M]
+        best_gt = np.where(ok, iou_np[p][None, :], -1.0).argmax(1)  # [T]
+        hit = ok.any(1)
+        gt_used[levels[hit], best_gt[hit]] = True
+        correct[p] = hit
+    return torch.from_numpy(correct)
+
+
+def _interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
+    """COCO's 101-point AP from cumulative recall/precision [K] in descending-confidence order."""
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]
+    idx = np.searchsorted(recall, RECALL_POINTS, side="left")
+    sampled = np.where(idx < len(envelope), envelope[np.minimum(idx, len(envelope) - 1)], 0.0)
+    return float(sampled.mean())
+
+
+@dataclass
+class DetectionMetrics:
+    """Validation summary. Means are over classes with ground truth; `per_class_*` keyed by class id."""
+
+    precision: float
+    recall: float
+    map50: float
+    map50_95: float
+    best_conf: float
+    per_class_ap50: dict[int, float] = field(default_factory=dict)
+    per_class_ap50_95: dict[int, float] = field(default_factory=dict)
+    num_images: int = 0
+    num_targets: int = 0
+
+    @property
+    def fitness(self) -> float:
+        return fitness(self.map50, self.map50_95)
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "precision": self.precision,
+            "recall": self.recall,
+            "mAP50": self.map50,
+            "mAP50-95": self.map50_95,
+            "fitness": self.fitness,
+        }
+
+
+def ap_per_class(
+    correct: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray
+) -> DetectionMetrics:
+    """AP per class and IoU threshold, and P/R at the best mean-F1 confidence.
+
+    correct (bool[N, T]) from match_predictions over all images; conf [N]; pred_cls [N]; target_cls [M]
+    (one entry per ground-truth box).
+    """
+    order = np.argsort(-conf, kind="mergesort")
+    correct, conf, pred_cls = correct[order], conf[order], pred_cls[order]
+    classes, gt_counts = np.unique(target_cls.astype(np.int64), return_counts=True)
+    t = correct.shape[1] if correct.ndim == 2 else IOU_THRESHOLDS.numel()
+    ap = np.zeros((len(classes), t))
+    grid = np.linspace(0.0, 1.0, 1000)  # confidence grid for the P/R/F1 curves
+    p_curve = np.zeros((len(classes), grid.size))
+    r_curve = np.zeros((len(classes), grid.size))
+    for ci, (c, n_gt) in enumerate(zip(classes, gt_counts)):
+        mine = pred_cls.astype(np.int64) == c
+        if not mine.any():
+            continue
+        tp = np.cumsum(correct[mine], axis=0)
+        fp = np.cumsum(~correct[mine], axis=0)
+        recall = tp / n_gt
+        precision = tp / (tp + fp)
+        for k in range(t):
+            ap[ci, k] = _interpolated_ap(recall[:, k], precision[:, k])
+        # curves vs confidence at IoU 0.5 (np.interp needs increasing x: use -conf)
+        r_curve[ci] = np.interp(-grid, -conf[mine], recall[:, 0], left=0.0)
+        p_curve[ci] = np.interp(-grid, -conf[mine], precision[:, 0], left=1.0)
+    if len(classes) == 0:
+        return DetectionMetrics(0.0, 0.0, 0.0, 0.0, 0.0)
+    f1 = 2 * p_curve * r_curve / np.maximum(p_curve + r_curve, 1e-16)
+    best = int(f1.mean(0).argmax())
+    return DetectionMetrics(
+        precision=float(p_curve[:, best].mean()),
+        recall=float(r_curve[:, best].mean()),
+        map50=float(ap[:, 0].mean()),
+        map50_95=float(ap.mean()),
+        best_conf=float(grid[best]),
+        per_class_ap50={int(c): float(a) for c, a in zip(classes, ap[:, 0])},
+        per_class_ap50_95={int(c): float(a) for c, a in zip(classes, ap.mean(1))},
+        num_targets=int(len(target_cls)),
+    )
+
+
+class MetricAccumulator:
+    """Collects per-image matches; `compute()` gives the DetectionMetrics over everything seen."""
+
+    def __init__(self, iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> None:
+        self.iou_thresholds = iou_thresholds
+        self._correct: list[np.ndarray] = []
+        self._conf: list[np.ndarray] = []
+        self._pred_cls: list[np.ndarray] = []
+        self._target_cls: list[np.ndarray] = []
+        self.num_images = 0
+
+    def update(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor) -> None:
+        """detections (Tensor[n, 6]) rows (x1, y1, x2, y2, conf, cls); gt_boxes [m, 4] xyxy; gt_cls [m]."""
+        detections = detections.detach().float().cpu()
+        correct = match_predictions(
+            detections[:, :4], detections[:, 4], detections[:, 5], gt_boxes.cpu(), gt_cls.cpu(), self.iou_thresholds
+        )
+        self._correct.append(correct.numpy())
+        self._conf.append(detections[:, 4].numpy())
+        self._pred_cls.append(detections[:, 5].numpy())
+        self._target_cls.append(gt_cls.cpu().numpy())
+        self.num_images += 1
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The concatenated statistics (for gathering across ranks)."""
+        t = self.iou_thresholds.numel()
+        return {
+            "correct": np.concatenate(self._correct) if self._correct else np.zeros((0, t), bool),
+            "conf": np.concatenate(self._conf) if self._conf else np.zeros(0),
+            "pred_cls": np.concatenate(self._pred_cls) if self._pred_cls else np.zeros(0),
+            "target_cls": np.concatenate(self._target_cls) if self._target_cls else np.zeros(0),
+        }
+
+    def compute(self) -> DetectionMetrics:
+        s = self.state()
+        result = ap_per_class(s["correct"], s["conf"], s["pred_cls"], s["target_cls"])
+        result.num_images = self.num_images
+        return result
