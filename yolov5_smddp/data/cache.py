@@ -137,10 +137,11 @@ def load_cache(path: Path) -> ScanTable:
         raise CacheRejected(f"unreadable ({type(exc).__name__}: {exc})") from None
 
 
-def cache_file_name(root: Path, rel_sources: list[str]) -> str:
-    """A name that depends only on relocatable facts: the root's folder name and the relative sources."""
-    digest = hashlib.blake2b("\n".join(rel_sources).encode(), digest_size=4).hexdigest()
-    return f"{root.name or 'data'}-{digest}{CACHE_SUFFIX}"
+def cache_file_name(rel_sources: list[str], salt: str = "") -> str:
+    """A file name from the sources relative to the root (so it survives relocation) plus `salt`
+    (the absolute root for the machine-local cache folder, where unrelated datasets meet)."""
+    digest = hashlib.blake2b("\n".join([salt, *rel_sources]).encode(), digest_size=6).hexdigest()
+    return f"yolov5-smddp-{digest}{CACHE_SUFFIX}"
 
 
 def is_writable_dir(folder: Path) -> bool:
@@ -153,6 +154,8 @@ def describe_foreign_cache(path: Path) -> str:
         data = path.read_bytes()
         payload = _npy_payload(data)
         obj = inspect_pickle(payload)
+        if isinstance(obj, np.ndarray) and obj.dtype == object and obj.shape == ():
+            obj = obj.item()  # np.save wraps the dict in a 0-d object array
     except (OSError, ValueError, UnsafePickle) as exc:
         return f"{path}: release-format label cache ignored (never unpickled); it could not be inspected safely: {exc}"
     if not isinstance(obj, dict):

@@ -245,10 +245,10 @@ def _foreign_cache_candidates(sources: list[Path], images: list[Path]) -> list[P
 
 def _cache_targets(images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None) -> tuple[Path, Path]:
     """(next to the labels, in cache_dir) — the two places our cache may live."""
-    name = cache_file_name(root, sorted(_relative(Path(s), root) for s in sources))
+    rel_sources = sorted(_relative(Path(s), root) for s in sources)
     labels_parent = label_path_for(images[0]).parent.parent
     fallback = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir(), "yolov5-smddp-cache")
-    return labels_parent / name, fallback / name
+    return labels_parent / cache_file_name(rel_sources), fallback / cache_file_name(rel_sources, salt=str(root))
 
 
 def build_label_index(
