@@ -1,0 +1,202 @@
+"""Checkpoint I/O: our format, transfer learning, and the release's pickled models read safely."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.models import blocks, detect
+from yolov5_smddp.models.weights import FORMAT, load_model, load_weights, save_weights, transfer_state
+from yolov5_smddp.models.yolo import build_model
+
+
+@pytest.fixture(scope="module")
+def model_n():
+    torch.manual_seed(0)
+    return build_model("yolov5n").eval()
+
+
+def _outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(x)[0]
+
+
+def test_own_format_round_trip(tmp_path, model_n):
+    model_n.names = [f"thing{i}" for i in range(80)]
+    path = save_weights(tmp_path / "sub" / "w.pt", model_n, meta={"epoch": 3, "note": ("a", 1)})
+    raw = torch.load(path, weights_only=True)
+    assert raw["format"] == FORMAT and raw["meta"]["note"] == ["a", 1]
+    assert [p.name for p in path.parent.iterdir()] == ["w.pt"]  # no temp file left behind
+    loaded = load_weights(path)
+    assert loaded.source == "yolov5-smddp" and loaded.nc == 80 and loaded.names[3] == "thing3"
+    assert loaded.meta["epoch"] == 3 and loaded.meta["stride"] == [8.0, 16.0, 32.0]
+    assert loaded.meta["precision"] == "float32"
+    model = load_model(path)
+    assert model.names[3] == "thing3" and not model.training
+    x = torch.rand(1, 3, 64, 64)
+    assert torch.equal(_outputs(model, x), _outputs(model_n, x))
+    model_n.names = [f"class{i}" for i in range(80)]
+
+
+def test_half_weights_and_failed_write_leaves_old_file(tmp_path, model_n):
+    path = save_weights(tmp_path / "w.pt", model_n, meta={}, half=True)
+    loaded = load_weights(path)
+    assert loaded.state_dict["model.0.conv.weight"].dtype == torch.float16
+    assert load_model(path).model[0].conv.weight.dtype == torch.float32
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="JSON-able"):
+        save_weights(path, model_n, meta={"bad": object()})
+    assert path.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
+
+
+def test_transfer_coco_weights_into_three_classes(tmp_path, model_n):
+    target = build_model("yolov5n", nc=3)
+    report = transfer_state(target, model_n.state_dict())
+    assert report.loaded == 349 - 6
+    assert sorted(report.skipped_shape) == sorted(f"model.24.m.{i}.{p}" for i in range(3) for p in ("weight", "bias"))
+    assert report.missing == [] and report.unexpected == []
+    assert torch.equal(target.model[4].cv1.conv.weight, model_n.model[4].cv1.conv.weight)
+    assert "343" in report.summary()
+    report = transfer_state(target, {"model.24.anchors": torch.ones(3, 3, 2), "extra": torch.ones(1)}, exclude=("anchors",))
+    assert report.loaded == 0 and report.excluded == ["model.24.anchors"] and report.unexpected == ["extra"]
+    assert not torch.equal(target.detect.anchors, torch.ones(3, 3, 2))
+
+
+def test_bare_state_dict_and_errors(tmp_path, model_n):
+    path = tmp_path / "sd.pt"
+    torch.save(model_n.state_dict(), path)
+    loaded = load_weights(path)
+    assert loaded.source == "state_dict" and loaded.cfg is None and len(loaded.state_dict) == 349
+    with pytest.raises(WeightsError, match="only a state dict"):
+        load_model(path)
+    with pytest.raises(WeightsError, match="does not exist"):
+        load_weights(tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(WeightsError, match="junk.pt: not a PyTorch checkpoint"):
+        load_weights(tmp_path / "junk.pt")
+
+
+def test_incompatible_checkpoint_is_refused(tmp_path, model_n):
+    path = save_weights(tmp_path / "w.pt", model_n, meta={})
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["meta"]["cfg"]["width_multiple"] = 0.5
+    torch.save(ckpt, path)
+    with pytest.raises(WeightsError, match="w.pt: incompatible"):
+        load_model(path)
+
+
+# --- the release's format -------------------------------------------------------------------------
+
+
+def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool) -> None:
+    """torch.save a whole-model checkpoint whose classes are named as the release names them, made from
+    stand-in classes registered under models.yolo / models.common only while saving."""
+    yolo_mod, common_mod = types.ModuleType("models.yolo"), types.ModuleType("models.common")
+    package = types.ModuleType("models")
+
+    def stand_in(base: type, module: types.ModuleType, name: str) -> type:
+        cls = type(name, (base,), {"__module__": module.__name__, "__qualname__": name})
+        setattr(module, name, cls)
+        return cls
+
+    mapping = {
+        blocks.Conv: stand_in(blocks.Conv, common_mod, "Conv"),
+        blocks.C3: stand_in(blocks.C3, common_mod, "C3"),
+        blocks.Bottleneck: stand_in(blocks.Bottleneck, common_mod, "Bottleneck"),
+        blocks.SPPF: stand_in(blocks.SPPF, common_mod, "SPPF"),
+        blocks.Concat: stand_in(blocks.Concat, common_mod, "Concat"),
+        detect.Detect: stand_in(detect.Detect, yolo_mod, "Detect"),
+        blocks.Upsample: nn.Upsample,
+    }
+
+    class DetectionModel(nn.Module):
+        pass
+
+    DetectionModel.__module__, DetectionModel.__qualname__ = "models.yolo", "DetectionModel"
+    yolo_mod.DetectionModel = DetectionModel
+
+    def release_copy(source: nn.Module) -> nn.Module:
+        release = DetectionModel()
+        release.model = nn.Sequential(*[_recast(m, mapping) for m in build_copy(source).model])
+        release.yaml = {"nc": 80, "depth_multiple": 0.33, "width_multiple": 0.25, "anchors": 3}
+        release.names = {i: f"name{i}" for i in range(80)}
+        release.stride = torch.tensor([8.0, 16.0, 32.0])
+        return release.half()
+
+    def build_copy(source: nn.Module) -> nn.Module:
+        copy = build_model("yolov5n")
+        copy.load_state_dict(source.state_dict())
+        return copy
+
+    ckpt = {
+        "epoch": -1, "best_fitness": None, "model": release_copy(model), "ema": None, "updates": None,
+        "optimizer": None, "opt": {"imgsz": 640, "hyp": {"lr0": 0.01}}, "git": {"commit": "x"},
+        "date": "2022-11-22T00:00:00",
+    }
+    if ema:
+        ckpt["ema"], ckpt["model"] = ckpt["model"], None
+    sys.modules.update({"models": package, "models.yolo": yolo_mod, "models.common": common_mod})
+    try:
+        torch.save(ckpt, path)
+    finally:
+        for name in ("models", "models.yolo", "models.common"):
+            del sys.modules[name]
+
+
+def _recast(module: nn.Module, mapping: dict) -> nn.Module:
+    for child in module.modules():
+        if type(child) in mapping:
+            child.__class__ = mapping[type(child)]
+    return module
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_release_checkpoint_loads_through_the_allow_list(tmp_path, model_n, ema):
+    path = tmp_path / "yolov5n.pt"
+    _release_style_checkpoint(path, model_n, ema=ema)
+    assert "models.yolo" not in sys.modules
+    with pytest.raises(Exception, match="(?i)weights only load failed|unsupported global"):
+        torch.load(path, weights_only=True)
+    loaded = load_weights(path)
+    assert loaded.source == "release" and loaded.nc == 80 and loaded.names[5] == "name5"
+    assert list(loaded.state_dict) == list(model_n.state_dict())
+    assert loaded.state_dict["model.2.cv1.conv.weight"].dtype == torch.float16
+    assert loaded.cfg["width_multiple"] == 0.25 and loaded.cfg["anchors"][0] == [10, 13, 16, 30, 33, 23]
+    model = load_model(path)
+    reference = build_model("yolov5n")
+    reference.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in model_n.state_dict().items()})
+    x = torch.rand(1, 3, 64, 96)
+    torch.testing.assert_close(_outputs(model, x), _outputs(reference, x))
+
+
+class _RunsShell:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class _Evaluates:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (eval, (f"open({str(self.marker)!r}, 'w').write('x')",))
+
+
+@pytest.mark.parametrize("payload", [_RunsShell, _Evaluates])
+def test_malicious_pickle_is_refused_without_side_effects(tmp_path, payload):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"epoch": 0, "model": payload(marker), "ema": None}, path)
+    with pytest.raises(WeightsError, match=r"evil.pt: refuses to load: the pickle names (posix\.system|builtins\.eval)"):
+        load_weights(path)
+    assert not marker.exists()
