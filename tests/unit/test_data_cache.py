@@ -92,8 +92,14 @@ def test_read_only_labels_folder_writes_to_cache_dir(tmp_path, monkeypatch):
 def _table(images, sizes, hashes) -> ScanTable:
     n = len(images)
     return ScanTable(
-        images=images, image_bytes=np.array(sizes), label_hashes=hashes, shapes=np.zeros((n, 2)),
-        flags=np.zeros(n), reasons=[""] * n, counts=np.zeros(n), labels=np.zeros((0, 5)),
+        images=images,
+        image_bytes=np.array(sizes),
+        label_hashes=hashes,
+        shapes=np.zeros((n, 2)),
+        flags=np.zeros(n),
+        reasons=[""] * n,
+        counts=np.zeros(n),
+        labels=np.zeros((0, 5)),
     )
 
 
@@ -130,7 +136,10 @@ def test_release_cache_is_inspected_not_loaded_and_names_its_origin(tmp_path, ca
     payload = {
         "/home/me/data/images/train/0.jpg": [np.zeros((1, 5), np.float32), (20, 30), []],
         "/home/me/data/images/train/1.jpg": [np.zeros((1, 5), np.float32), (20, 30), []],
-        "hash": "abc", "version": 0.6, "msgs": [], "results": (2, 0, 0, 0, 2),
+        "hash": "abc",
+        "version": 0.6,
+        "msgs": [],
+        "results": (2, 0, 0, 0, 2),
     }
     _release_cache(tmp_path / "labels" / "train.cache", payload)
     with caplog.at_level(logging.WARNING, logger=LOG):

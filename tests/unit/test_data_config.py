@@ -49,7 +49,9 @@ def test_root_override_rebases_absolute_entries(tmp_path):
 
 def test_missing_root_without_override_names_key(tmp_path):
     yaml_path = tmp_path / "data.yaml"
-    yaml_path.write_text("path: /home/me/nonexistent-data\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    yaml_path.write_text(
+        "path: /home/me/nonexistent-data\ntrain: images/train\nval: images/val\nnames: [a]\n"
+    )
     with pytest.raises(DataError, match=r"data\.yaml: key 'path'.*nonexistent-data"):
         load_data_config(yaml_path)
 

@@ -53,7 +53,12 @@ def test_exif_orientation_swaps_size(tmp_path):
     path = _pair(tmp_path, "a", None, size=(20, 40))
     data = path.read_bytes()
     # APP1 Exif, big-endian TIFF with one IFD entry: Orientation (0x0112) = 6 (rotate 90)
-    tiff = b"MM\x00\x2a\x00\x00\x00\x08" + b"\x00\x01" + b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00" + b"\x00" * 4
+    tiff = (
+        b"MM\x00\x2a\x00\x00\x00\x08"
+        + b"\x00\x01"
+        + b"\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00"
+        + b"\x00" * 4
+    )
     app1 = b"Exif\x00\x00" + tiff
     segment = b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1
     rotated = tmp_path / "rot.jpg"
@@ -152,7 +157,9 @@ def test_missing_and_empty_labels_are_background(tmp_path):
 def test_no_usable_labels_is_fatal_and_says_where(tmp_path):
     _pair(tmp_path, "a", None)
     _pair(tmp_path, "b", "5 0.5 0.5 0.1 0.1\n")
-    with pytest.raises(DataError, match=r"no usable labels in .*images.*/labels/.*1 without a label file.*1 unusable"):
+    with pytest.raises(
+        DataError, match=r"no usable labels in .*images.*/labels/.*1 without a label file.*1 unusable"
+    ):
         _index(tmp_path)
 
 

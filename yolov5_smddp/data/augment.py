@@ -120,7 +120,9 @@ def _apply_box_transform(labels: np.ndarray, m: np.ndarray, s: float, out_wh: tu
     return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32)
 
 
-def _warp(img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int], dst: np.ndarray | None = None) -> np.ndarray:
+def _warp(
+    img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int], dst: np.ndarray | None = None
+) -> np.ndarray:
     border = cv2.BORDER_CONSTANT if dst is None else cv2.BORDER_TRANSPARENT
     if m[2, 0] or m[2, 1]:
         return cv2.warpPerspective(
@@ -250,7 +252,9 @@ def xyxy_to_xywhn(labels: np.ndarray, w: int, h: int) -> np.ndarray:
     return out
 
 
-def xywhn_to_xyxy(labels: np.ndarray, w: float, h: float, pad_w: float = 0.0, pad_h: float = 0.0) -> np.ndarray:
+def xywhn_to_xyxy(
+    labels: np.ndarray, w: float, h: float, pad_w: float = 0.0, pad_h: float = 0.0
+) -> np.ndarray:
     """[n, 5] (cls, xywh normalised) → (cls, xyxy px) for an image of (w, h) pixels placed at (pad_w, pad_h)."""
     out = labels.astype(np.float32).copy()
     out[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + pad_w

@@ -66,7 +66,9 @@ def _example(items: list[str]) -> str:
     return f"{len(items)} (e.g. {items[0]})"
 
 
-def stale_reason(cached: ScanTable, images: list[str], image_bytes: np.ndarray, label_hashes: list[str]) -> str | None:
+def stale_reason(
+    cached: ScanTable, images: list[str], image_bytes: np.ndarray, label_hashes: list[str]
+) -> str | None:
     """Why `cached` does not describe the current files (relative paths, sizes, label hashes), or None."""
     if cached.images != images:
         old, new = set(cached.images), set(images)
@@ -120,7 +122,9 @@ def load_cache(path: Path) -> ScanTable:
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(str(npz[_META_KEY]))
             if meta.get("format") != "yolov5-smddp-labels" or meta.get("version") != CACHE_VERSION:
-                raise CacheRejected(f"format version {meta.get('version')!r}, this build reads {CACHE_VERSION}")
+                raise CacheRejected(
+                    f"format version {meta.get('version')!r}, this build reads {CACHE_VERSION}"
+                )
             return ScanTable(
                 images=npz["images"].tolist(),
                 image_bytes=npz["image_bytes"],

@@ -49,12 +49,18 @@ def _parse_names(raw: object, yaml_path: Path) -> list[str]:
         try:
             ids = sorted(int(key) for key in raw)
         except (TypeError, ValueError) as exc:
-            raise DataError(f"{yaml_path}: key 'names': dict keys must be class ids 0..n-1, got {list(raw)}") from exc
+            raise DataError(
+                f"{yaml_path}: key 'names': dict keys must be class ids 0..n-1, got {list(raw)}"
+            ) from exc
         if ids != list(range(len(ids))):
-            raise DataError(f"{yaml_path}: key 'names': class ids must be 0..{len(ids) - 1} without gaps, got {ids}")
+            raise DataError(
+                f"{yaml_path}: key 'names': class ids must be 0..{len(ids) - 1} without gaps, got {ids}"
+            )
         by_id = {int(key): str(value) for key, value in raw.items()}
         return [by_id[i] for i in ids]
-    raise DataError(f"{yaml_path}: key 'names' must be a list or a {{id: name}} dict, got {type(raw).__name__}")
+    raise DataError(
+        f"{yaml_path}: key 'names' must be a list or a {{id: name}} dict, got {type(raw).__name__}"
+    )
 
 
 def _resolve_entry(entry: str, root: Path, original_root: Path | None) -> Path:
@@ -80,7 +86,9 @@ def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -
     except (OSError, yaml.YAMLError) as exc:
         raise DataError(f"{yaml_path}: cannot be read as YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise DataError(f"{yaml_path}: expected a mapping with keys path/train/val/names, got {type(raw).__name__}")
+        raise DataError(
+            f"{yaml_path}: expected a mapping with keys path/train/val/names, got {type(raw).__name__}"
+        )
 
     yaml_root = raw.get("path")
     if yaml_root is not None and not isinstance(yaml_root, str):
@@ -102,7 +110,9 @@ def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -
         value = raw.get(key)
         if value is None or value == "":
             if key in ("train", "val"):
-                raise DataError(f"{yaml_path}: key '{key}' is missing (a folder, list file, or a list of them)")
+                raise DataError(
+                    f"{yaml_path}: key '{key}' is missing (a folder, list file, or a list of them)"
+                )
             splits[key] = []
             continue
         entries = value if isinstance(value, list) else [value]

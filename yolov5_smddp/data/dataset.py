@@ -40,11 +40,17 @@ from yolov5_smddp.errors import DataError
 
 CACHE_MODES = (None, "ram")
 PARTNER_MODES = ("recent", "random")
-_REDUCED_FLAGS = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+_REDUCED_FLAGS = (
+    (8, cv2.IMREAD_REDUCED_COLOR_8),
+    (4, cv2.IMREAD_REDUCED_COLOR_4),
+    (2, cv2.IMREAD_REDUCED_COLOR_2),
+)
 _MIN_POOL_FOR_PARTNERS = 4
 
 
-def rect_batch_shapes(shapes_hw: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
+def rect_batch_shapes(
+    shapes_hw: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float
+) -> np.ndarray:
     """Per-batch network input (h, w) for rectangular batches; `shapes_hw` must be sorted by h / w.
 
     Each batch gets the shape of its most extreme aspect ratio: [maxi, 1] when all are landscape
@@ -137,7 +143,9 @@ class YoloDataset:
                 break
         img = cv2.imread(str(path), flag)
         if img is None:
-            raise DataError(f"{path}: cannot be decoded any more (it was readable when the labels were scanned)")
+            raise DataError(
+                f"{path}: cannot be decoded any more (it was readable when the labels were scanned)"
+            )
         r = self.img_size / long_side
         new_wh = (max(round(w0 * r), 1), max(round(h0 * r), 1))
         if (img.shape[1], img.shape[0]) != new_wh:
@@ -192,7 +200,9 @@ class YoloDataset:
             img = self.load_image(i)
             h, w = img.shape[:2]
             shape = self.batch_shapes[i // self.batch_size] if self.rect else (self.img_size, self.img_size)
-            img, (rw, rh), (pad_w, pad_h) = letterbox(img, tuple(int(v) for v in shape), auto=False, scaleup=self.augment)
+            img, (rw, rh), (pad_w, pad_h) = letterbox(
+                img, tuple(int(v) for v in shape), auto=False, scaleup=self.augment
+            )
             labels = xywhn_to_xyxy(self.labels[i], rw * w, rh * h, pad_w, pad_h)
             shapes = ((h0, w0), ((rh * h / h0, rw * w / w0), (pad_w, pad_h)))
             if self.augment:

@@ -113,4 +113,3 @@ def read_image_info(path: Path) -> tuple[tuple[int, int], int]:
     if min(shape) < MIN_SIDE:
         raise ImageProblem(f"too small ({shape[1]}x{shape[0]} px, sides must be >= {MIN_SIDE})")
     return shape, size_bytes
-

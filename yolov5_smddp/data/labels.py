@@ -158,7 +158,9 @@ def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
         if low < 0:
             raise ValueError(f"line {number}: negative coordinate {low:g}")
         if high > 1 + _COORD_TOLERANCE:
-            raise ValueError(f"line {number}: coordinate {high:g} out of range [0, 1] (labels must be normalised)")
+            raise ValueError(
+                f"line {number}: coordinate {high:g} out of range [0, 1] (labels must be normalised)"
+            )
         if len(fields) > 5:
             xs, ys = coords[0::2], coords[1::2]
             x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
@@ -203,7 +205,9 @@ def _verify_pair(image: Path, label_data: bytes | OSError | None, nc: int) -> _P
     if label_data is None:
         return _PairResult(shape, PairFlag.MISSING_LABEL, "", empty)
     if isinstance(label_data, OSError):
-        return _PairResult((0, 0), PairFlag.BAD_LABEL, f"cannot be read: {label_data.strerror or label_data}", empty)
+        return _PairResult(
+            (0, 0), PairFlag.BAD_LABEL, f"cannot be read: {label_data.strerror or label_data}", empty
+        )
     try:
         labels, flags, reason = parse_label(label_data, nc)
     except ValueError as exc:
@@ -243,12 +247,16 @@ def _foreign_cache_candidates(sources: list[Path], images: list[Path]) -> list[P
     return sorted(p for p in candidates if p.is_file())
 
 
-def _cache_targets(images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None) -> tuple[Path, Path]:
+def _cache_targets(
+    images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None
+) -> tuple[Path, Path]:
     """(next to the labels, in cache_dir) — the two places our cache may live."""
     rel_sources = sorted(_relative(Path(s), root) for s in sources)
     labels_parent = label_path_for(images[0]).parent.parent
     fallback = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir(), "yolov5-smddp-cache")
-    return labels_parent / cache_file_name(rel_sources), fallback / cache_file_name(rel_sources, salt=str(root))
+    return labels_parent / cache_file_name(rel_sources), fallback / cache_file_name(
+        rel_sources, salt=str(root)
+    )
 
 
 def build_label_index(
@@ -306,7 +314,9 @@ def build_label_index(
     if table is None:
         with ThreadPoolExecutor(max(workers, 1)) as pool:
             results = list(
-                pool.map(_verify_pair, images, [data for _, data in fingerprints], [nc] * len(images), chunksize=64)
+                pool.map(
+                    _verify_pair, images, [data for _, data in fingerprints], [nc] * len(images), chunksize=64
+                )
             )
         table = ScanTable(
             images=rel_images,
@@ -340,7 +350,12 @@ def _write_cache(table: ScanTable, root: Path, near: Path, fallback: Path) -> tu
 
 
 def _index_from_table(
-    table: ScanTable, images: list[Path], root: Path, sources: list[Path], cache_path: Path | None, cache_state: str
+    table: ScanTable,
+    images: list[Path],
+    root: Path,
+    sources: list[Path],
+    cache_path: Path | None,
+    cache_state: str,
 ) -> LabelIndex:
     flags = table.flags
     bad = (flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL)) != 0

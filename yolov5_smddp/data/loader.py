@@ -36,7 +36,9 @@ class ShardSampler(Sampler[int]):
     repeating their own indices.
     """
 
-    def __init__(self, n: int, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+    def __init__(
+        self, n: int, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool
+    ) -> None:
         self.shard = list(range(rank, n, world_size))
         self.length = n // world_size if drop_last else math.ceil(n / world_size)
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0

@@ -40,7 +40,9 @@ def _draw_object(img: np.ndarray, cls: int, box: np.ndarray, colour: tuple[int, 
     if cls == 0:
         cv2.rectangle(mask, (x1, y1), (x2, y2), 255, thickness=-1)
     elif cls == 1:
-        cv2.ellipse(mask, ((x1 + x2) // 2, (y1 + y2) // 2), ((x2 - x1) // 2, (y2 - y1) // 2), 0, 0, 360, 255, -1)
+        cv2.ellipse(
+            mask, ((x1 + x2) // 2, (y1 + y2) // 2), ((x2 - x1) // 2, (y2 - y1) // 2), 0, 0, 360, 255, -1
+        )
     else:
         apex_x = int(rng.integers(x1, x2 + 1))
         cv2.fillPoly(mask, [np.array([[apex_x, y1], [x1, y2], [x2, y2]], np.int32)], 255)
@@ -78,11 +80,15 @@ def _write_split(root: Path, split: str, n: int, w: int, h: int, rng: np.random.
         cv2.imwrite(str(images / f"{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
         lines = []
         for cls, (x1, y1, x2, y2) in objects:
-            lines.append(f"{cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}")
+            lines.append(
+                f"{cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
+            )
         (labels / f"{i:05d}.txt").write_text("\n".join(lines) + "\n")
 
 
-def make_default_dataset(root: Path, *, n_train: int = 128, n_val: int = 32, imgsz: int = 256, seed: int = 0) -> Path:
+def make_default_dataset(
+    root: Path, *, n_train: int = 128, n_val: int = 32, imgsz: int = 256, seed: int = 0
+) -> Path:
     """Write the dataset under `root` (images imgsz x imgsz*3/4 JPEG) and return its data.yaml path.
 
     Deterministic for a given (n_train, n_val, imgsz, seed). Existing files are overwritten.
@@ -96,5 +102,7 @@ def make_default_dataset(root: Path, *, n_train: int = 128, n_val: int = 32, img
     yaml_path = root / "data.yaml"
     names = "\n".join(f"  - {name}" for name in CLASS_NAMES)
     val = "images/val" if n_val else "images/train"
-    yaml_path.write_text(f"path: .\ntrain: images/train\nval: {val}\nnc: {len(CLASS_NAMES)}\nnames:\n{names}\n")
+    yaml_path.write_text(
+        f"path: .\ntrain: images/train\nval: {val}\nnc: {len(CLASS_NAMES)}\nnames:\n{names}\n"
+    )
     return yaml_path

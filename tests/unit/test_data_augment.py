@@ -1,0 +1,132 @@
+"""Geometry: after letterbox, perspective, mosaic and flips every kept box still encloses its object.
+
+Each test image holds one solid rectangle whose colour is its class; after augmenting, every pixel of
+that colour in the output must lie inside a box of that class, and every box must contain such pixels.
+"""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from yolov5_smddp.boxes import scale_boxes
+from yolov5_smddp.data.augment import AugmentParams, box_candidates, random_affine_matrix, transform_boxes
+from yolov5_smddp.data.dataset import YoloDataset, rect_batch_shapes
+from yolov5_smddp.data.labels import build_label_index
+
+COLOURS = [(0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255)]  # RGB, one per class
+NO_COLOUR_JITTER = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}
+
+
+def _dataset(root: Path, sizes=((60, 80), (80, 50), (64, 64), (45, 90))):
+    rng = np.random.default_rng(1)
+    for i, (h, w) in enumerate(sizes):
+        img = np.zeros((h, w, 3), np.uint8)
+        bw, bh = int(rng.integers(w // 4, w // 2)), int(rng.integers(h // 4, h // 2))
+        x1, y1 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        img[y1 : y1 + bh, x1 : x1 + bw] = COLOURS[i][::-1]  # written as BGR
+        path = root / "images" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(path), img)
+        label = root / "labels" / f"{i}.txt"
+        label.parent.mkdir(parents=True, exist_ok=True)
+        label.write_text(f"{i} {(x1 + bw / 2) / w} {(y1 + bh / 2) / h} {bw / w} {bh / h}\n")
+    return build_label_index([root / "images"], nc=4, root=root, cache_dir=root / "c", workers=1)
+
+
+def _check_enclosed(img_chw: np.ndarray, targets: np.ndarray) -> int:
+    """Asserts the enclosure property; returns the number of boxes checked."""
+    img = img_chw.transpose(1, 2, 0).astype(int)
+    h, w = img.shape[:2]
+    boxes = targets[:, 2:].copy()
+    xyxy = np.stack(
+        [
+            (boxes[:, 0] - boxes[:, 2] / 2) * w,
+            (boxes[:, 1] - boxes[:, 3] / 2) * h,
+            (boxes[:, 0] + boxes[:, 2] / 2) * w,
+            (boxes[:, 1] + boxes[:, 3] / 2) * h,
+        ],
+        axis=1,
+    )
+    for cls, colour in enumerate(COLOURS):
+        ys, xs = np.nonzero(np.abs(img - np.array(colour)).max(axis=2) < 30)
+        mine = xyxy[targets[:, 1] == cls]
+        inside = np.zeros(len(xs), bool)
+        for x1, y1, x2, y2 in mine:
+            in_box = (xs >= x1 - 1.5) & (xs + 1 <= x2 + 1.5) & (ys >= y1 - 1.5) & (ys + 1 <= y2 + 1.5)
+            assert in_box.sum() > 0, f"class {cls} box {x1, y1, x2, y2} contains none of its pixels"
+            inside |= in_box
+        if len(mine):  # without a kept box the object was dropped by the filter: nothing to enclose
+            assert (~inside).sum() <= 4, f"class {cls}: {(~inside).sum()} pixels outside its boxes"
+    return len(xyxy)
+
+
+@pytest.mark.parametrize(
+    "hyp",
+    [
+        {"mosaic": 0.0, "degrees": 0.0, "translate": 0.1, "scale": 0.5, "fliplr": 0.5, "flipud": 0.5},
+        {"mosaic": 0.0, "degrees": 20.0, "shear": 5.0, "translate": 0.2, "scale": 0.3, "fliplr": 0.5},
+        {"mosaic": 1.0, "degrees": 0.0, "translate": 0.1, "scale": 0.5, "fliplr": 0.5, "flipud": 0.5},
+        {"mosaic": 1.0, "degrees": 15.0, "shear": 3.0, "perspective": 0.0005, "translate": 0.1, "scale": 0.4},
+    ],
+    ids=["letterbox-affine-flips", "rotate-shear", "mosaic-flips", "mosaic-perspective"],
+)
+@pytest.mark.parametrize("partners", ["recent", "random"])
+def test_kept_boxes_enclose_their_objects(tmp_path, hyp, partners):
+    index = _dataset(tmp_path)
+    ds = YoloDataset(
+        index, 96, augment=True, hyp={**NO_COLOUR_JITTER, **hyp}, mosaic_partners=partners, partner_pool=4
+    )
+    checked = 0
+    for k in range(12):
+        img, targets, _path, _shapes = ds[k % len(ds)]
+        assert img.dtype == np.uint8 and img.shape == (3, 96, 96)
+        assert targets.dtype == np.float32 and targets.shape[1] == 6
+        assert (targets[:, 2:] >= 0).all() and (targets[:, 2:] <= 1).all()
+        checked += _check_enclosed(img, targets)
+    assert checked > 6
+
+
+def test_val_letterbox_shapes_undo_to_original_pixels(tmp_path):
+    index = _dataset(tmp_path)
+    ds = YoloDataset(index, 64, augment=False, hyp=None, rect=True, batch_size=2)
+    for i in range(len(ds)):
+        img, targets, path, ((h0, w0), ratio_pad) = ds[i]
+        _, h, w = img.shape
+        assert h % 32 == 0 and w % 32 == 0 and max(h, w) == 64
+        cls = int(targets[0, 1])
+        original = cv2.imread(path)[..., ::-1]
+        ys, xs = np.nonzero((original == COLOURS[cls]).all(axis=2))
+        xc, yc, bw, bh = targets[0, 2:]
+        box = torch.tensor([[(xc - bw / 2) * w, (yc - bh / 2) * h, (xc + bw / 2) * w, (yc + bh / 2) * h]])
+        back = scale_boxes(box, (h, w), (h0, w0), ratio_pad=ratio_pad)[0].tolist()
+        np.testing.assert_allclose(back, [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], atol=1.0)
+        assert _check_enclosed(img, targets) == 1
+
+
+def test_rect_batch_shapes_exact():
+    shapes = np.array([[30, 60], [40, 60], [90, 60], [120, 60]])  # h, w sorted by h / w
+    np.testing.assert_array_equal(rect_batch_shapes(shapes, 2, 640, 32, 0.0), [[448, 640], [640, 448]])
+    np.testing.assert_array_equal(rect_batch_shapes(shapes, 4, 640, 32, 0.5), [[672, 672]])
+    np.testing.assert_array_equal(rect_batch_shapes(shapes[:3], 2, 640, 32, 0.0), [[448, 640], [640, 448]])
+
+
+def test_box_candidates_thresholds():
+    before = np.array([[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 300, 10]], float)
+    after = np.array([[0, 0, 10, 10], [0, 0, 1.5, 10], [0, 0, 3, 3], [0, 0, 300, 2.5]], float)
+    assert box_candidates(before, after).tolist() == [True, False, False, False]
+
+
+def test_identity_affine_and_box_transform():
+    p = AugmentParams(translate=0.0, scale=0.0)
+    m, s = random_affine_matrix((100, 50), (100, 50), p, np.random.default_rng(0))
+    np.testing.assert_allclose(m, np.eye(3), atol=1e-12)
+    assert s == 1.0
+    rot = np.array(
+        [[0.0, -1.0, 50.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    )  # 90 degrees about (0, 0) then shift
+    np.testing.assert_allclose(
+        transform_boxes(np.array([[10.0, 20.0, 30.0, 25.0]]), rot, (100, 100)), [[25, 10, 30, 30]]
+    )
