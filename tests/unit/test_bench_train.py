@@ -1,0 +1,113 @@
+import json
+
+import pytest
+
+from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
+from yolov5_smddp.bench.timing import PhaseClock
+from yolov5_smddp.bench.train import Combination, combinations, summarise
+from yolov5_smddp.errors import ConfigError
+
+RESULT_FIELDS = {"batch", "amp", "channels_last", "samples_per_s_per_gpu", "samples_per_s_total", "step_ms",
+                 "data_wait_ms", "forward_backward_ms", "optimizer_ms", "comm_ms", "device_busy",
+                 "peak_memory_mb", "achieved_tflops", "mfu"}
+
+
+def test_combinations_batch_outermost():
+    combos = combinations([16, 32], ["bf16", "fp16"], [True])
+    assert combos == [Combination(batch=16, amp="bf16", channels_last=True),
+                      Combination(batch=16, amp="fp16", channels_last=True),
+                      Combination(batch=32, amp="bf16", channels_last=True),
+                      Combination(batch=32, amp="fp16", channels_last=True)]
+
+
+def test_peak_lookup_by_gpu_name():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+    assert peak_tflops("cpu x86_64") is None
+    assert peak_tflops("cpu x86_64", 2.5) == 2.5
+    with pytest.raises(ConfigError, match="peak-tflops"):
+        peak_tflops("NVIDIA H100", 0)
+
+
+def test_mfu_exact():
+    # YOLOv5x at 640: ~617 GFLOPs per training sample; 320 samples/s on a 989 TFLOP/s GPU
+    assert model_flop_utilisation(617e9, 320.0, 989.0) == pytest.approx(617e9 * 320 / 989e12)
+    assert model_flop_utilisation(617e9, 320.0, None) is None
+
+
+def test_summarise_per_step_means():
+    combo = Combination(batch=8, amp="bf16", channels_last=True)
+    r = summarise(combo, iters=4, wall_s=2.0, data_wait_s=0.4, forward_backward_s=1.2, optimizer_s=0.4,
+                  peak_memory_mb=100.0, flops_per_sample=1e12, peak=10.0)
+    assert r.samples_per_s_per_gpu == 16.0 and r.samples_per_s_total == 16.0
+    assert r.step_ms == 500.0
+    assert r.data_wait_ms == pytest.approx(100.0)
+    assert r.forward_backward_ms == pytest.approx(300.0)
+    assert r.optimizer_ms == pytest.approx(100.0)
+    assert r.device_busy == pytest.approx(0.8)
+    assert r.achieved_tflops == pytest.approx(16.0)
+    assert r.mfu == pytest.approx(1.6)
+    assert r.comm_ms is None
+
+
+def test_training_flops_counted_on_meta_device():
+    from yolov5_smddp.models.yolo import build_model
+
+    train, forward = training_flops_per_sample(lambda: build_model("yolov5n"), 64)
+    # yolov5n: 4.5 GFLOPs forward at 640 → 1/100 of it at 64; the backward is about twice the forward
+    assert forward == pytest.approx(4.47e7, rel=0.02)
+    assert 2.5 * forward < train < 3.0 * forward
+
+
+def test_phase_clock_cpu():
+    clock = PhaseClock("cpu")
+    for _ in range(3):
+        clock.start()
+        clock.after_backward()
+        clock.after_optimizer()
+    totals = clock.totals()
+    assert totals.steps == 3
+    assert totals.forward_backward_s >= 0 and totals.optimizer_s >= 0
+
+
+def run_bench(tmp_path, *extra):
+    from yolov5_smddp.cli import main
+
+    out = tmp_path / "train.json"
+    rc = main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "64", "--batch-per-gpu", "2",
+               "--iters", "2", "--warmup", "1", "--device", "cpu", "--peak-tflops", "1", "--json", str(out),
+               *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_train_cpu_writes_json(tmp_path, capsys):
+    report = run_bench(tmp_path, "--amp", "off,bf16", "--channels-last", "off")
+    assert report["cfg"] == "yolov5n" and report["loader"] == "device" and report["failures"] == []
+    assert report["train_flops_per_sample"] > report["forward_flops_per_sample"] > 0
+    rows = report["results"]
+    assert [(r["amp"], r["channels_last"]) for r in rows] == [("off", False), ("bf16", False)]
+    for r in rows:
+        assert set(r) == RESULT_FIELDS
+        for key in ("samples_per_s_per_gpu", "step_ms", "forward_backward_ms", "optimizer_ms", "peak_memory_mb",
+                    "achieved_tflops", "mfu"):
+            assert r[key] > 0, key
+        assert r["data_wait_ms"] >= 0
+        assert r["samples_per_s_per_gpu"] == pytest.approx(2 / (r["step_ms"] / 1e3))
+    assert "img/s/GPU" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_train_real_loader_on_synthetic_data(tmp_path):
+    report = run_bench(tmp_path, "--amp", "off", "--channels-last", "on", "--loader", "real", "--workers", "1")
+    (row,) = report["results"]
+    assert report["loader"] == "real" and row["channels_last"] is True
+    assert row["samples_per_s_per_gpu"] > 0 and row["data_wait_ms"] > 0
+
+
+def test_bench_train_refuses_bad_imgsz():
+    from yolov5_smddp.cli import main
+
+    assert main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "100", "--device", "cpu"]) == 2

@@ -1,0 +1,338 @@
+"""`yolov5-smddp bench train`: training-step throughput for every combination of batch per GPU, AMP mode
+and memory format: samples/s, the step-time split (data wait, forward+backward, optimizer), peak device
+memory and model FLOP utilisation. One process, one device; communication is not part of this benchmark
+(single process: `comm_ms` is null; see `bench scaling --measure-overlap`).
+
+Timing: device phases with CUDA events (read after one synchronize at the end), throughput from the
+wall clock between two synchronizes around the measured steps; data wait is the host time spent getting
+the next batch. `--loader device` cycles through a few batches already on the device (the GPU alone);
+`--loader real` runs the full pipeline (dataset, mosaic, DataLoader workers) in the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import logging
+import platform
+import resource
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
+from yolov5_smddp.bench.timing import PhaseClock
+from yolov5_smddp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+AMP_MODES = ("off", "bf16", "fp16")
+SWITCH = {"on": True, "off": False}
+SGD = {"lr": 0.01, "momentum": 0.937, "nesterov": True, "weight_decay": 5e-4}  # the recipe's lr0/momentum/wd
+DEFAULT_NC = 80
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Combination:
+    """One measured setting."""
+
+    batch: int
+    amp: str
+    channels_last: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """Measurements of one combination; times are means per step in milliseconds."""
+
+    batch: int
+    amp: str
+    channels_last: bool
+    samples_per_s_per_gpu: float
+    samples_per_s_total: float  # one process: equal to the per-GPU figure
+    step_ms: float  # wall clock
+    data_wait_ms: float  # host time to get the next batch
+    forward_backward_ms: float  # device time: copy + uint8→float + forward + loss + backward
+    optimizer_ms: float  # device time: (unscale +) step + zero_grad
+    comm_ms: float | None  # not measurable in one process
+    device_busy: float  # (forward_backward + optimizer) / step: below 1 = the device waited
+    peak_memory_mb: float
+    achieved_tflops: float
+    mfu: float | None  # None without a known peak (CPU without --peak-tflops)
+
+
+def combinations(batches: Sequence[int], amps: Sequence[str], channels_last: Sequence[bool]) -> list[Combination]:
+    """Every (batch, amp, channels_last), in the order given (batch outermost)."""
+    return [Combination(batch=b, amp=a, channels_last=c) for b, a, c in itertools.product(batches, amps, channels_last)]
+
+
+def summarise(
+    combo: Combination,
+    *,
+    iters: int,
+    wall_s: float,
+    data_wait_s: float,
+    forward_backward_s: float,
+    optimizer_s: float,
+    peak_memory_mb: float,
+    flops_per_sample: float,
+    peak: float | None,
+) -> StepResult:
+    """Totals over `iters` measured steps → per-step means, throughput, utilisation."""
+    samples_per_s = combo.batch * iters / wall_s
+    step_s = wall_s / iters
+    return StepResult(
+        batch=combo.batch,
+        amp=combo.amp,
+        channels_last=combo.channels_last,
+        samples_per_s_per_gpu=samples_per_s,
+        samples_per_s_total=samples_per_s,
+        step_ms=step_s * 1e3,
+        data_wait_ms=data_wait_s / iters * 1e3,
+        forward_backward_ms=forward_backward_s / iters * 1e3,
+        optimizer_ms=optimizer_s / iters * 1e3,
+        comm_ms=None,
+        device_busy=min((forward_backward_s + optimizer_s) / wall_s, 1.0),
+        peak_memory_mb=peak_memory_mb,
+        achieved_tflops=flops_per_sample * samples_per_s / 1e12,
+        mfu=model_flop_utilisation(flops_per_sample, samples_per_s, peak),
+    )
+
+
+def _list_of(convert: Callable[[str], object], what: str) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            values = [convert(v.strip()) for v in text.split(",") if v.strip()]
+        except (KeyError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from exc
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return values
+
+    return parse
+
+
+def _amp(text: str) -> str:
+    if text not in AMP_MODES:
+        raise ValueError(text)
+    return text
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cfg", default="yolov5s.yaml", help="model config name or YAML path")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--batch-per-gpu", type=_list_of(_positive, "batch sizes"), default=[16, 32, 48],
+                        help="e.g. 16,32,48")
+    parser.add_argument("--amp", type=_list_of(_amp, "of off, bf16, fp16"), default=["bf16", "fp16"])
+    parser.add_argument("--channels-last", type=_list_of(SWITCH.__getitem__, "on/off"), default=[True, False],
+                        help="on, off or on,off")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (compiles in warmup)")
+    parser.add_argument("--iters", type=_positive, default=20, help="measured steps per combination")
+    parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (>= 1 with --compile)")
+    parser.add_argument("--data", default="synthetic", help="'synthetic' or a data.yaml")
+    parser.add_argument("--loader", choices=("device", "real"), default="device",
+                        help="device: pre-staged uint8 batches on the device; real: the full data pipeline")
+    parser.add_argument("--workers", type=int, default=8, help="DataLoader workers (--loader real / --data PATH)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="device peak for MFU (default: looked up by GPU name; none on CPU)")
+    parser.add_argument("--hyp", default="scratch-low", help="loss gains and augmentation")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+
+
+def _check(args: argparse.Namespace, cuda_available: bool) -> str:
+    if args.imgsz % 32 or args.imgsz < 32:
+        raise ConfigError(f"--imgsz must be a positive multiple of 32 (the largest stride), got {args.imgsz}")
+    if args.warmup < 0 or (args.compile and args.warmup < 1):
+        raise ConfigError(f"--warmup must be >= 0 (>= 1 with --compile), got {args.warmup}")
+    device = args.device or ("cuda" if cuda_available else "cpu")
+    if device == "cuda" and not cuda_available:
+        raise ConfigError("--device cuda: torch sees no CUDA device here")
+    if args.data != "synthetic" and not Path(args.data).is_file():
+        raise ConfigError(f"--data {args.data!r}: not 'synthetic' and no such data.yaml")
+    return device
+
+
+def _precision(amp: str, device_type: str):
+    """(autocast context factory, GradScaler): the scaler only does work for fp16."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+
+    def autocast():
+        return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    return autocast, torch.amp.GradScaler(device_type, enabled=amp == "fp16")
+
+
+def _peak_memory_mb(device_type: str) -> float:
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; process-wide peak
+
+
+def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tuple[Iterator, int]:
+    """(endless batches, number of classes) for one combination."""
+    from yolov5_smddp.bench import inputs
+
+    if args.loader == "device" and args.data == "synthetic":
+        return itertools.cycle(inputs.staged_synthetic(combo.batch, args.imgsz, DEFAULT_NC, device)), DEFAULT_NC
+    yaml_path = inputs.dataset_yaml(args.data, scratch, args.imgsz)
+    batches, nc, workers = inputs.pipeline_batches(
+        yaml_path, imgsz=args.imgsz, batch=combo.batch, workers=args.workers if args.loader == "real" else 0,
+        hyp=hyp, cache_dir=scratch / "label-cache", local_gpus=1)
+    log.info("data: %s, %d DataLoader workers", yaml_path, workers)
+    if args.loader == "device":
+        return itertools.cycle(inputs.stage(batches, device)), nc
+    return batches, nc
+
+
+def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
+            flops_for: Callable[[int], float], peak: float | None) -> StepResult:
+    """Builds a fresh model/optimizer for `combo`, warms up, then times `args.iters` steps."""
+    import torch
+
+    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.models.yolo import build_model
+
+    batches, nc = _batches(args, combo, device, hyp, scratch)
+    torch.manual_seed(0)
+    model = build_model(args.cfg, nc=nc).to(device).train()
+    memory_format = torch.channels_last if combo.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    criterion = YoloLoss(model, scale_loss_gains(hyp, nl=model.detect.nl, nc=nc, imgsz=args.imgsz))
+    forward = torch.compile(model) if args.compile else model
+    optimizer = torch.optim.SGD(model.parameters(), foreach=True, **SGD)
+    autocast, scaler = _precision(combo.amp, device.type)
+    clock = PhaseClock(device.type)
+
+    def step(images: torch.Tensor, targets: torch.Tensor, timed: bool) -> None:
+        if timed:
+            clock.start()
+        x = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=memory_format)
+        with autocast():
+            loss, _ = criterion(forward(x), targets.to(device, non_blocking=True))
+        scaler.scale(loss).backward()
+        if timed:
+            clock.after_backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if timed:
+            clock.after_optimizer()
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(args.warmup):
+        step(*next(batches), timed=False)
+    synchronize()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    data_wait = 0.0
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        fetch = time.perf_counter()
+        images, targets = next(batches)
+        data_wait += time.perf_counter() - fetch
+        step(images, targets, timed=True)
+    synchronize()
+    wall = time.perf_counter() - start
+    totals = clock.totals()
+    return summarise(combo, iters=args.iters, wall_s=wall, data_wait_s=data_wait,
+                     forward_backward_s=totals.forward_backward_s, optimizer_s=totals.optimizer_s,
+                     peak_memory_mb=_peak_memory_mb(device.type), flops_per_sample=flops_for(nc), peak=peak)
+
+
+def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combination, str]] = ()) -> str:
+    header = (f"{'batch':>5} {'amp':>4} {'ch_last':>7} {'img/s/GPU':>10} {'step ms':>9} {'data ms':>8} "
+              f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6}")
+    rows = [header]
+    for r in results:
+        mfu = "-" if r.mfu is None else f"{r.mfu:.1%}"
+        rows.append(
+            f"{r.batch:>5} {r.amp:>4} {('on' if r.channels_last else 'off'):>7} {r.samples_per_s_per_gpu:>10.2f} "
+            f"{r.step_ms:>9.1f} {r.data_wait_ms:>8.2f} {r.forward_backward_ms:>8.1f} {r.optimizer_ms:>7.1f} "
+            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6}")
+    for c, error in failures:
+        rows.append(f"{c.batch:>5} {c.amp:>4} {('on' if c.channels_last else 'off'):>7}  failed: {error}")
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.models.yolo import build_model
+
+    device = torch.device(_check(args, torch.cuda.is_available()))
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: let cuDNN pick the fastest kernels
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    peak = peak_tflops(device_name, args.peak_tflops) if device.type == "cuda" or args.peak_tflops else None
+    hyp = load_hyp(args.hyp)
+    flops_cache: dict[int, tuple[float, float]] = {}
+
+    def flops_for(nc: int) -> float:
+        if nc not in flops_cache:
+            flops_cache[nc] = training_flops_per_sample(lambda: build_model(args.cfg, nc=nc), args.imgsz)
+        return flops_cache[nc][0]
+
+    results: list[StepResult] = []
+    failures: list[tuple[Combination, str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        for combo in combinations(args.batch_per_gpu, args.amp, args.channels_last):
+            try:
+                results.append(measure(args, combo, device, hyp, Path(tmp), flops_for, peak))
+            except torch.cuda.OutOfMemoryError:
+                failures.append((combo, "out of device memory"))
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            log.info("%s done", combo)
+    train_flops, forward_flops = next(iter(flops_cache.values()), (0.0, 0.0))  # one dataset: one nc
+    print(f"{args.cfg} {args.imgsz}px on {device_name}, loader {args.loader} ({args.data}), "
+          f"{args.iters} iters after {args.warmup} warmup{', compiled' if args.compile else ''}; "
+          f"{train_flops / 1e9:.1f} GFLOPs per training sample ({forward_flops / 1e9:.1f} forward), "
+          f"peak {peak if peak is not None else '-'} TFLOP/s")
+    print(format_table(results, failures))
+    if args.json is not None:
+        report = {
+            "benchmark": "train",
+            "cfg": args.cfg,
+            "imgsz": args.imgsz,
+            "device": device_name,
+            "torch": torch.__version__,
+            "loader": args.loader,
+            "data": args.data,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "compile": args.compile,
+            "train_flops_per_sample": train_flops,
+            "forward_flops_per_sample": forward_flops,
+            "peak_tflops": peak,
+            "peak_memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda"
+            else "process max RSS (cumulative over combinations)",
+            "results": [asdict(r) for r in results],
+            "failures": [{**asdict(c), "error": error} for c, error in failures],
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
