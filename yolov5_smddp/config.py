@@ -25,7 +25,7 @@ HYP_NAMES = ("scratch-low", "scratch-high")
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "smddp", "nccl", "gloo")
-CACHE_MODES = ("ram", "disk")
+CACHE_MODES = ("ram",)  # decoded images in RAM, each rank its own shard
 
 # Allowed closed ranges per hyperparameter key; the YAMLs in yolov5_smddp/hyps/ hold every key.
 HYP_RANGES: dict[str, tuple[float, float]] = {
@@ -104,7 +104,7 @@ class TrainConfig:
     sync_bn: bool = False
     """SyncBatchNorm under DDP (GPU backends only)."""
     cache: str | None = None
-    """cache decoded images: 'ram' or 'disk'; None → decode every time."""
+    """cache decoded images: 'ram' (each rank its shard); None → decode every time. No disk cache."""
     amp: str = "auto"
     """mixed precision: auto (bf16 on GPUs that support it, fp16 on older GPUs, off on CPU), fp16, bf16, off."""
     backend: str = "auto"
@@ -151,7 +151,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0, "--label-smoothing", self.label_smoothing, "must be in [0, 1)")
         _check(self.patience >= 0, "--patience", self.patience, "must be >= 0")
         _check(all(i >= 0 for i in self.freeze), "--freeze", self.freeze, "layer indices must be >= 0")
-        _check(self.cache in (None, *CACHE_MODES), "--cache", self.cache, "must be 'ram' or 'disk'")
+        _check(self.cache in (None, *CACHE_MODES), "--cache", self.cache, "must be 'ram' (or absent); there is no disk cache")
         _check(self.amp in AMP_MODES, "--amp", self.amp, f"must be one of {', '.join(AMP_MODES)}")
         _check(self.backend in BACKENDS, "--backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
         _check(self.log_every >= 1, "--log-every", self.log_every, "must be >= 1")
@@ -380,7 +380,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "rect", help="rectangular training batches", **flag)
     _add(parser, "multi-scale", help="vary image size +/-50%% per batch", **flag)
     _add(parser, "sync-bn", help="SyncBatchNorm under DDP", **flag)
-    _add(parser, "cache", type=_optional_cache, nargs="?", const="ram", help="cache images: ram or disk")
+    _add(parser, "cache", type=_optional_cache, nargs="?", const="ram", help="cache decoded images in RAM")
     _add(parser, "amp", type=_choice(AMP_MODES), help="mixed precision: auto, fp16, bf16, off")
     _add(parser, "backend", type=_choice(BACKENDS), help="auto, smddp, nccl, gloo")
     _add(parser, "channels-last", help="channels_last memory format", **flag)

@@ -1,0 +1,95 @@
+"""Training checkpoints (`last.pt`, `best.pt`): atomic writes, safe loads, RNG state capture.
+
+A checkpoint is a dict of tensors and plain containers only, so it loads with
+`torch.load(weights_only=True)`: model and EMA state dicts, optimizer and scaler state, schedule position,
+epoch, best fitness, RNG states (as tensors) and the resolved config. Files are written to a temporary
+name in the same folder and renamed over the old one, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolov5_smddp.errors import WeightsError
+
+FORMAT = "yolov5-smddp-train-checkpoint/1"
+LAST = "last.pt"
+BEST = "best.pt"
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file next to `path`, fsync, then os.replace onto `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) -> Path:
+    """Write `state` as `last.pt` (and `best.pt` too when `best`); returns the last path."""
+    state = {"format": FORMAT, **state}
+    last = Path(folder) / LAST
+    atomic_torch_save(state, last)
+    if best:
+        atomic_torch_save(state, Path(folder) / BEST)
+    return last
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read one of our checkpoints (weights_only: no code runs). WeightsError when it is not one."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, not a torch file, or containing objects that are not plain data
+        raise WeightsError(f"checkpoint {path} cannot be read safely ({exc}); delete it to start afresh") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise WeightsError(f"checkpoint {path} is not a yolov5-smddp training checkpoint (format {FORMAT})")
+    return state
+
+
+def find_resumable(folder: Path) -> Path | None:
+    """The `last.pt` in `folder` if there is one (stray temporary files from a kill are ignored)."""
+    candidate = Path(folder) / LAST
+    return candidate if candidate.is_file() else None
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch (CPU and CUDA), numpy and Python RNG states as tensors and plain values."""
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(np_kind), "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "python": {"version": int(py_version), "internal": torch.tensor(py_internal, dtype=torch.int64),
+                   "gauss": py_gauss},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of capture_rng_state (CUDA states only when the device count matches)."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)

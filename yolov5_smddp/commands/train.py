@@ -1,0 +1,46 @@
+"""`yolov5-smddp train`: train a detector in this process (one worker of a torchrun/mpirun job, or alone).
+
+`main(argv)` is the per-worker entry the SageMaker module and the launcher call: parse the options,
+read the distributed environment, train, write the outputs, return the exit code. UserErrors propagate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from yolov5_smddp.config import add_train_arguments
+
+    add_train_arguments(parser)
+
+
+def main(argv: list[str]) -> int:
+    """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable)."""
+    from yolov5_smddp.config import parse_train_args
+
+    return run_config(parse_train_args(argv))
+
+
+def run_config(config) -> int:
+    from yolov5_smddp import distributed, trainer
+    from yolov5_smddp.config import resolve_output_dirs
+
+    info = distributed.detect_dist_info(os.environ)
+    if info.rank == 0 and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    dirs = resolve_output_dirs(config, Path.cwd())
+    try:
+        return trainer.train(config, info, dirs)
+    finally:
+        distributed.destroy()
+
+
+def run(args: argparse.Namespace) -> int:
+    from yolov5_smddp.config import config_from_namespace
+
+    return run_config(config_from_namespace(args))

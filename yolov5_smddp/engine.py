@@ -1,0 +1,337 @@
+"""The compute: one training step (micro-steps with gradient accumulation, then an optimizer step),
+one training epoch, and evaluation. Everything arrives as explicit arguments; nothing here reads the
+environment, the command line or the file system.
+
+Precision is decided once (`AmpPolicy`) so the loop has no precision branches. Host syncs happen only
+on logging steps (`log_every`): losses, the non-finite counter and the stop flag stay on the device
+between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from yolov5_smddp import distributed
+from yolov5_smddp.boxes import xywh_to_xyxy
+from yolov5_smddp.ema import ModelEMA, unwrap
+from yolov5_smddp.errors import ConfigError, UserError
+from yolov5_smddp.metrics import DetectionMetrics, MetricAccumulator
+from yolov5_smddp.postprocess import non_max_suppression
+from yolov5_smddp.telemetry import Throughput, emit, metric_line
+
+GRAD_CLIP_NORM = 10.0
+
+
+class NonFiniteLossError(UserError):
+    """Training produced non-finite losses or gradients for too many consecutive optimizer steps."""
+
+
+# ------------------------------------------------------------------------------------------- precision
+
+
+@dataclass(frozen=True)
+class AmpPolicy:
+    """mode "fp16" (autocast + GradScaler), "bf16" (autocast, no scaler) or "off"."""
+
+    mode: str
+    device_type: str
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.mode)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device_type, enabled=self.mode == "fp16")
+
+
+def resolve_amp(requested: str, device_type: str, bf16_supported: bool) -> AmpPolicy:
+    """auto → bf16 on GPUs that support it, fp16 on older GPUs, off on CPU. fp16 needs CUDA."""
+    if requested == "auto":
+        mode = ("bf16" if bf16_supported else "fp16") if device_type == "cuda" else "off"
+    else:
+        mode = requested
+    if mode == "fp16" and device_type != "cuda":
+        raise ConfigError("--amp fp16 needs a CUDA device; on CPU use --amp bf16 or --amp off")
+    if mode == "bf16" and device_type == "cuda" and not bf16_supported:
+        raise ConfigError("--amp bf16: this GPU does not support bfloat16; use --amp fp16 or auto")
+    return AmpPolicy(mode, device_type)
+
+
+def prepare_images(imgs: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there)."""
+    x = imgs.to(device, non_blocking=True).float().div_(255.0)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+# ------------------------------------------------------------------------------------------ train step
+
+
+@dataclass
+class TrainStep:
+    """The state one rank needs to run micro-steps and optimizer steps.
+
+    `model` may be DDP-wrapped; the loss is multiplied by `loss_multiplier` (the world size under DDP,
+    cancelling DDP's gradient averaging so the update matches one process with the global batch).
+    """
+
+    model: nn.Module
+    criterion: Callable[[list[torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ema: ModelEMA | None
+    amp: AmpPolicy
+    device: torch.device
+    loss_multiplier: float = 1.0
+    channels_last: bool = False
+    inject_nonfinite_step: int | None = None
+    micro_steps: int = 0
+    nonfinite_run: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+
+    def __post_init__(self) -> None:
+        self.nonfinite_run = self.nonfinite_run.to(self.device)
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def micro_step(self, imgs: torch.Tensor, targets: torch.Tensor, *, sync: bool, size: int | None = None) -> torch.Tensor:
+        """Forward + backward of one batch; gradients are all-reduced only when `sync` (DDP no_sync
+        otherwise). imgs uint8 [B, 3, H, W] (host or device); targets [n, 6]. `size` resizes the batch
+        (multi-scale). Returns the detached loss parts [3] (box, obj, cls), on the device."""
+        x = prepare_images(imgs, self.device, self.channels_last)
+        if size is not None and size != x.shape[-1]:
+            scale = size / max(x.shape[-2:])
+            new_hw = [max(32, math.ceil(d * scale / 32) * 32) for d in x.shape[-2:]]
+            x = F.interpolate(x, size=new_hw, mode="bilinear", align_corners=False)
+        no_sync = getattr(self.model, "no_sync", None)
+        context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+        with context:
+            with self.amp.autocast():
+                preds = self.model(x)
+                loss, items = self.criterion(preds, targets.to(self.device, non_blocking=True))
+            loss = loss.float() * self.loss_multiplier
+            if self.inject_nonfinite_step is not None and self.micro_steps >= self.inject_nonfinite_step:
+                loss = loss * float("nan")  # test hook: a diverged loss
+            self.scaler.scale(loss).sum().backward()
+        self.micro_steps += 1
+        return items.detach()
+
+    def optimizer_step(self) -> None:
+        """Unscale → clip the gradient norm at 10 → step → zero grads → EMA update.
+
+        A non-finite gradient norm skips the update without a host sync: with fp16 the GradScaler skips
+        it; otherwise the gradients are zeroed on the device (momentum and weight decay still act).
+        `nonfinite_run` counts consecutive non-finite steps on the device.
+        """
+        self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self._params, GRAD_CLIP_NORM)
+        finite = torch.isfinite(norm)
+        if not self.scaler.is_enabled():
+            keep = finite.to(norm.dtype)
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.mul_(keep).nan_to_num_(0.0, 0.0, 0.0)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.nonfinite_run = torch.where(finite, torch.zeros_like(self.nonfinite_run), self.nonfinite_run + 1)
+
+
+# ------------------------------------------------------------------------------------------ schedule
+
+
+def lr_factor(epoch: int, epochs: int, lrf: float, cosine: bool) -> float:
+    """The per-epoch learning-rate multiple: linear (1 - e/E)(1 - lrf) + lrf, or cosine from 1 to lrf."""
+    if cosine:
+        return ((1 - math.cos(epoch * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    return (1 - epoch / epochs) * (1.0 - lrf) + lrf
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What the optimizer uses at one iteration: lr per group name, momentum, gradient accumulation."""
+
+    lrs: dict[str, float]
+    momentum: float
+    accumulate: int
+
+
+def step_settings(
+    iteration: int, epoch: int, *, epochs: int, warmup_iters: int, hyp: dict, cosine: bool, nominal_accumulate: int
+) -> StepSettings:
+    """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`.
+
+    During warmup (iteration < warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0,
+    momentum warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor, momentum,
+    nominal_accumulate); afterwards they are the scheduled values.
+    """
+    lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
+    if iteration >= warmup_iters:
+        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal_accumulate)
+    t = iteration / warmup_iters
+    bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
+    other = t * lr
+    momentum = hyp["warmup_momentum"] + t * (hyp["momentum"] - hyp["warmup_momentum"])
+    accumulate = max(1, round(1 + t * (nominal_accumulate - 1)))
+    return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
+
+
+def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = settings.lrs[group["name"]]
+        if "momentum" in group:
+            group["momentum"] = settings.momentum
+        elif "betas" in group:
+            group["betas"] = (settings.momentum, group["betas"][1])
+
+
+# ------------------------------------------------------------------------------------------ one epoch
+
+
+@dataclass
+class EpochResult:
+    """Mean training losses (box, obj, cls) over the epoch, throughput, and whether it was cut short."""
+
+    losses: list[float]
+    throughput: dict[str, float]
+    iterations: int
+    last_optimizer_iteration: int
+    stopped: bool
+
+
+def train_one_epoch(
+    step: TrainStep,
+    loader: Iterable,
+    *,
+    epoch: int,
+    first_iteration: int,
+    last_optimizer_iteration: int,
+    settings_for: Callable[[int], StepSettings],
+    log_every: int,
+    max_nonfinite_steps: int,
+    imgsz: int,
+    multi_scale: bool,
+    stop_requested: Callable[[], bool],
+    main: bool,
+    world_size: int,
+) -> EpochResult:
+    """Run one epoch of micro-steps; an optimizer step whenever `accumulate` micro-steps have passed.
+
+    `first_iteration` is the global index of this epoch's first batch. The stop flag (SIGTERM) is agreed
+    between ranks on logging steps; a stop ends the epoch after the current step.
+    """
+    step.model.train()
+    loss_sum = torch.zeros(3, device=step.device)
+    window = Throughput(world_size=world_size)
+    epoch_meter = Throughput(world_size=world_size)
+    iteration = first_iteration
+    count = 0
+    stopped = False
+    loader_iter = iter(loader)
+    while True:
+        waited = time.perf_counter()
+        try:
+            imgs, targets, _paths, _shapes = next(loader_iter)
+        except StopIteration:
+            break
+        waited = time.perf_counter() - waited
+        settings = settings_for(iteration)
+        apply_settings(step.optimizer, settings)
+        sync = iteration - last_optimizer_iteration >= settings.accumulate
+        size = random.randrange(imgsz // 2, imgsz * 3 // 2 + 32, 32) if multi_scale else None
+        items = step.micro_step(imgs, targets, sync=sync, size=size)
+        if sync:
+            step.optimizer_step()
+            last_optimizer_iteration = iteration
+        loss_sum += items
+        count += 1
+        window.add(imgs.shape[0], waited)
+        epoch_meter.add(imgs.shape[0], waited)
+        if count % log_every == 0 or count == 1:
+            # the only host sync between epochs: losses, the non-finite counter and the stop flag
+            flags = torch.stack([step.nonfinite_run.float(), torch.tensor(float(stop_requested()), device=step.device)])
+            distributed.all_reduce_sum(flags)
+            nonfinite, stop = flags.tolist()
+            mean = (loss_sum / count).tolist()
+            rate = window.summary()
+            emit(metric_line(epoch=epoch + 1, step=count, loss=sum(mean), box_loss=mean[0], obj_loss=mean[1],
+                             cls_loss=mean[2], lr=settings.lrs["weight"], samples_per_sec=rate["samples_per_sec"],
+                             data_wait=rate["data_wait"]), main=main)
+            window.reset()
+            if nonfinite >= max_nonfinite_steps * world_size:
+                raise NonFiniteLossError(
+                    f"the loss or its gradients were non-finite (NaN/inf) for {int(nonfinite // world_size)} "
+                    f"consecutive optimizer steps (epoch {epoch + 1}, step {count}); stopping. Lower lr0 "
+                    f"(--hyp-override lr0=...), check the labels, or try --amp off / bf16"
+                )
+            if stop:
+                stopped = True
+                break
+        elif world_size == 1 and stop_requested():
+            stopped = True
+            break
+        iteration += 1
+    if stopped:
+        iteration += 1
+    final_nonfinite = int(step.nonfinite_run.item())
+    if final_nonfinite >= max_nonfinite_steps:
+        raise NonFiniteLossError(
+            f"the loss or its gradients were non-finite (NaN/inf) for {final_nonfinite} consecutive optimizer "
+            f"steps at the end of epoch {epoch + 1}; stopping. Lower lr0, check the labels, or try --amp off / bf16"
+        )
+    means = (loss_sum / max(count, 1)).tolist()
+    return EpochResult(means, epoch_meter.summary(), iteration - first_iteration, last_optimizer_iteration, stopped)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    device: torch.device,
+    amp: AmpPolicy,
+    conf_thres: float = 0.001,
+    iou_thres: float = 0.6,
+    max_det: int = 300,
+    on_image: Callable[[str, torch.Tensor, tuple], None] | None = None,
+) -> DetectionMetrics:
+    """Validate `model` (unwrapped; e.g. the EMA) on `loader` batches (imgs uint8, targets [n, 6], paths,
+    shapes). Matching happens in network-input pixels (IoU is unchanged by the letterbox's uniform
+    scale). `on_image(path, detections [n, 6] xyxy input pixels, shapes)` sees every image's detections.
+    """
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    acc = MetricAccumulator()
+    for imgs, targets, paths, shapes in loader:
+        x = prepare_images(imgs, device, channels_last=False)
+        with amp.autocast():
+            pred, _raw = model(x)
+        height, width = x.shape[-2:]
+        detections = non_max_suppression(pred.float(), conf_thres, iou_thres, multi_label=True, max_det=max_det)
+        targets = targets.to(device)
+        scale = torch.tensor([width, height, width, height], device=device, dtype=torch.float32)
+        for i, dets in enumerate(detections):
+            mine = targets[targets[:, 0] == i]
+            gt_boxes = xywh_to_xyxy(mine[:, 2:6]) * scale
+            acc.update(dets, gt_boxes, mine[:, 1])
+            if on_image is not None:
+                on_image(paths[i], dets, shapes[i])
+    model.train(was_training)
+    return acc.compute()
