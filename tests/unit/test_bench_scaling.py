@@ -152,3 +152,26 @@ def test_bench_scaling_rejects_bad_step_time():
     from yolov5_smddp.cli import main
 
     assert main(["bench", "scaling", "--cfg", "yolov5n", "--step-ms", "0"]) == 2
+
+
+def test_gradient_profile_work_and_ready_order():
+    from torch import nn
+
+    from yolov5_smddp.bench.scaling import gradient_profile
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1))
+    profile = gradient_profile(model, imgsz=8)
+    assert profile.numels == [108, 4, 4, 8, 2]
+    # conv1: 4 × 8 × 8 outputs × 27 multiply-adds × 2; conv2: 2 × 8 × 8 outputs × 4 × 2
+    assert profile.work == [13824.0, 0.0, 0.0, 1024.0, 0.0]
+    order = profile.ready_order
+    assert set(order[:2]) == {3, 4} and set(order[2:4]) == {1, 2} and order[4] == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert profile.tensor_bytes(2) == [216, 8, 8, 16, 4]
+
+
+def test_buckets_follow_a_given_ready_order():
+    assert ddp_buckets([5, 5, 20, 10, 3], ready_order=[2, 0, 1, 3, 4], first_bucket_bytes=10,
+                       bucket_bytes=25) == [[2], [0, 1, 3, 4]]
+    assert bucket_ready_fractions([[2], [0, 1, 3, 4]], [1, 1, 1, 1, 0], ready_order=[2, 0, 1, 3, 4]) == \
+        pytest.approx([0.25, 1.0])

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from yolov5_smddp.bench.scaling import bucket_ready_fractions, conv_work, ddp_buckets, simulate_overlap
+from yolov5_smddp.bench.scaling import bucket_ready_fractions, ddp_buckets, gradient_profile, simulate_overlap
 
 WARMUP_STEPS = 2  # DDP rebuilds its buckets in gradient-ready order after the first iteration
 COMM_REPEATS = 5
@@ -37,6 +37,8 @@ class OverlapMeasurement:
     threads_per_rank: int
     buckets: int
     gradient_mb: float
+    model_bucket_bytes: list[int]  # the scaling model's buckets
+    ddp_bucket_bytes: list[int]  # the buckets DDP built (should be equal)
     forward_ms: float  # no-sync steps
     backward_ms: float  # no-sync steps
     step_no_sync_ms: float
@@ -53,10 +55,11 @@ class OverlapMeasurement:
 
     def summary(self) -> str:
         verdict = "agrees" if self.agrees else "DISAGREES"
+        buckets = "equal to" if self.model_bucket_bytes == self.ddp_bucket_bytes else "DIFFERENT from"
         return (
             f"overlap check ({self.cfg} {self.imgsz}px, batch {self.batch_per_rank}/rank, {self.world_size} "
             f"Gloo ranks × {self.threads_per_rank} thread, {self.iters} paired steps, {self.buckets} buckets, "
-            f"{self.gradient_mb:.1f} MB):\n"
+            f"{self.gradient_mb:.1f} MB, bucket sizes {buckets} DDP's):\n"
             f"  forward {self.forward_ms:.1f} ms, backward {self.backward_ms:.1f} ms, "
             f"step no_sync {self.step_no_sync_ms:.1f} ms, step sync {self.step_sync_ms:.1f} ms\n"
             f"  all-reduce of the buckets alone {self.bucket_allreduce_ms:.1f} ms\n"
@@ -70,6 +73,12 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ddp_bucket_bytes(ddp) -> list[int]:
+    """The bucket sizes DDP itself chose when it rebuilt its buckets (from its logging data)."""
+    sizes = ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+    return [int(v) for v in str(sizes).split(",") if v.strip()]
 
 
 def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: int, iters: int,
@@ -87,9 +96,8 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
     try:
         torch.manual_seed(0)
         model = build_model(cfg).train()
-        work = conv_work(model, imgsz)
-        params = [p for p in model.parameters() if p.requires_grad]
-        tensor_bytes = [p.numel() * p.element_size() for p in params]
+        profile = gradient_profile(build_model(cfg).train().to("meta"), imgsz)
+        tensor_bytes = profile.tensor_bytes(4)  # fp32 gradients
         ddp = DistributedDataParallel(model, bucket_cap_mb=25)
         images = torch.rand(batch, 3, imgsz, imgsz)
 
@@ -120,7 +128,7 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
             for sync in order:
                 timings[sync].append(step(sync))
 
-        buckets = ddp_buckets(tensor_bytes)
+        buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
         bucket_tensors = [torch.zeros(sum(tensor_bytes[i] for i in b) // 4) for b in buckets]
         per_bucket: list[list[float]] = [[] for _ in buckets]
         for _ in range(COMM_REPEATS):
@@ -135,8 +143,10 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
                 "sync": timings[True],
                 "no_sync": timings[False],
                 "bucket_s": [statistics.median(t) for t in per_bucket],
-                "ready": bucket_ready_fractions(buckets, work),
+                "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
                 "gradient_bytes": sum(tensor_bytes),
+                "model_bucket_bytes": [sum(tensor_bytes[i] for i in b) for b in buckets],
+                "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
             }))
     finally:
         dist.destroy_process_group()
@@ -173,6 +183,8 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
         threads_per_rank=1,
         buckets=len(bucket_s),
         gradient_mb=raw["gradient_bytes"] / 1e6,
+        model_bucket_bytes=raw["model_bucket_bytes"],
+        ddp_bucket_bytes=raw["ddp_bucket_bytes"],
         forward_ms=statistics.mean(f for f, _ in raw["no_sync"]) * 1e3,
         backward_ms=backward_s * 1e3,
         step_no_sync_ms=statistics.mean(no_sync_steps) * 1e3,

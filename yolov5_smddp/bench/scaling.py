@@ -1,11 +1,12 @@
 """`yolov5-smddp bench scaling`: a model of multi-node data-parallel step time.
 
-From the model it takes the gradient tensors (bytes each, in registration order) and the backward work
-behind each of them (convolution FLOPs); from the command line the measured single-GPU step time and the
+From the model it takes the gradient tensors (bytes each), the order the backward produces them and the
+backward work behind each of them (convolution FLOPs); from the command line the measured single-GPU step time and the
 links. It then follows what PyTorch DDP does:
 
-1. buckets: gradients in reverse registration order (the order the backward produces them), the first
-   bucket closed once it holds >= 1 MiB, every later one once it holds >= 25 MiB;
+1. buckets: gradients in the order one backward produces them (recorded with hooks; close to reverse
+   registration order), the first bucket closed once it holds >= 1 MiB, every later one once it holds
+   >= 25 MiB;
 2. a bucket's all-reduce may start once its last gradient exists (its position in the backward, measured
    as the fraction of backward FLOPs done) and once the previous bucket's all-reduce has finished (one
    communication stream, buckets in order);
@@ -90,16 +91,20 @@ class ScalingPoint:
 def ddp_buckets(
     tensor_bytes: Sequence[int],
     *,
+    ready_order: Sequence[int] | None = None,
     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES,
     bucket_bytes: int = DDP_BUCKET_BYTES,
 ) -> list[list[int]]:
-    """DDP's bucket assignment after its first iteration: tensor indices (registration order) per bucket,
-    buckets in launch order. Tensors are taken in reverse registration order; a bucket closes as soon as it
-    holds >= its limit (first_bucket_bytes for the first bucket, bucket_bytes for all later ones)."""
+    """DDP's bucket assignment after its first iteration (when it rebuilds the buckets in the order the
+    gradients became ready): tensor indices (registration order) per bucket, buckets in launch order.
+
+    Tensors are taken in `ready_order` (default: reverse registration order); a bucket closes as soon as
+    it holds >= its limit (first_bucket_bytes for the first bucket, bucket_bytes for all later ones)."""
+    order = reversed(range(len(tensor_bytes))) if ready_order is None else ready_order
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
-    for index in reversed(range(len(tensor_bytes))):
+    for index in order:
         current.append(index)
         size += tensor_bytes[index]
         if size >= (first_bucket_bytes if not buckets else bucket_bytes):
@@ -136,16 +141,20 @@ def allreduce_seconds(nbytes: float, links: Links, algorithm: str) -> float:
     return ring_allreduce_bytes(nbytes, w) / bottleneck + 2 * (w - 1) * links.inter_node_latency_s
 
 
-def bucket_ready_fractions(buckets: Sequence[Sequence[int]], tensor_work: Sequence[float]) -> list[float]:
+def bucket_ready_fractions(
+    buckets: Sequence[Sequence[int]], tensor_work: Sequence[float], ready_order: Sequence[int] | None = None
+) -> list[float]:
     """For each bucket, the fraction of the backward done when its last gradient is produced.
 
     `tensor_work[i]` is the backward work that ends with tensor i's gradient (registration order); the
-    backward runs in reverse registration order. With no work at all, gradients are spaced evenly."""
+    backward produces gradients in `ready_order` (default: reverse registration order). With no work at
+    all, gradients are spaced evenly."""
     count = len(tensor_work)
+    order = reversed(range(count)) if ready_order is None else ready_order
     total = float(sum(tensor_work))
     done_after: dict[int, float] = {}
     running = 0.0
-    for position, index in enumerate(reversed(range(count))):
+    for position, index in enumerate(order):
         running += tensor_work[index]
         done_after[index] = running / total if total > 0 else (position + 1) / count
     return [max(done_after[i] for i in bucket) for bucket in buckets]
@@ -196,6 +205,7 @@ def predict_scaling(
     *,
     tensor_bytes: Sequence[int],
     tensor_work: Sequence[float],
+    ready_order: Sequence[int] | None = None,
     node_counts: Sequence[int],
     links: Links,
     algorithm: str,
@@ -204,10 +214,10 @@ def predict_scaling(
     batch_per_gpu: int,
 ) -> list[ScalingPoint]:
     """`predict_point` for every node count, with the DDP buckets of `tensor_bytes` (gradient bytes per
-    tensor, registration order). `links.nodes` is replaced by each node count."""
-    buckets = ddp_buckets(tensor_bytes)
+    tensor, registration order) filled in `ready_order`. `links.nodes` is replaced by each node count."""
+    buckets = ddp_buckets(tensor_bytes, ready_order=ready_order)
     bucket_nbytes = [sum(tensor_bytes[i] for i in bucket) for bucket in buckets]
-    ready = bucket_ready_fractions(buckets, tensor_work)
+    ready = bucket_ready_fractions(buckets, tensor_work, ready_order)
 
     def point(nodes: int, one_node_step_s: float) -> ScalingPoint:
         return predict_point(
@@ -230,36 +240,51 @@ def gbps_to_bytes_per_s(gbps: float) -> float:
     return gbps * 1e9 / 8
 
 
-def conv_work(model, imgsz: int = WORK_IMGSZ) -> list[float]:
-    """Backward work per trainable tensor of `model` (registration order): the FLOPs of each convolution
-    in one forward at `imgsz`, attributed to the conv's weight (biases and norm weights get 0)."""
+@dataclass(frozen=True, kw_only=True)
+class GradientProfile:
+    """What the model contributes to the prediction, per trainable tensor in registration order."""
+
+    numels: list[int]
+    work: list[float]  # FLOPs of the conv whose weight this is, one forward at WORK_IMGSZ; 0 otherwise
+    ready_order: list[int]  # tensor indices in the order one backward produced their gradients
+
+    def tensor_bytes(self, grad_bytes: int) -> list[int]:
+        return [n * grad_bytes for n in self.numels]
+
+
+def gradient_profile(model, imgsz: int = WORK_IMGSZ) -> GradientProfile:
+    """One forward + backward of `model` (train mode; on the meta device it costs nothing) with hooks:
+    conv FLOPs per weight and the order in which gradients are accumulated (the order DDP rebuilds its
+    buckets in). Gradients are cleared afterwards."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     position = {id(p): i for i, p in enumerate(params)}
     work = [0.0] * len(params)
+    ready_order: list[int] = []
 
     def count(module: torch.nn.Conv2d, _inputs: tuple, output: torch.Tensor) -> None:
         per_output = module.weight[0].numel()  # (cin / groups) × kh × kw multiply-adds per output value
         work[position[id(module.weight)]] += 2.0 * output.numel() * per_output
 
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks += [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready_order.append(i))
+              for i, p in enumerate(params)]
     try:
-        with torch.no_grad():
-            model(torch.zeros(1, 3, imgsz, imgsz))
+        outputs = model(torch.zeros(1, 3, imgsz, imgsz, device=params[0].device))
+        sum(o.float().mean() for o in outputs).backward()
     finally:
         for hook in hooks:
             hook.remove()
-    return work
+        model.zero_grad(set_to_none=True)
+    return GradientProfile(numels=[p.numel() for p in params], work=work, ready_order=ready_order)
 
 
-def model_gradients(cfg: str, grad_bytes: int) -> tuple[list[int], list[float]]:
-    """Gradient bytes per trainable tensor and `conv_work` per tensor, both in registration order."""
+def model_profile(cfg: str) -> GradientProfile:
+    """`gradient_profile` of a freshly built `cfg` on the meta device (shapes only)."""
     from yolov5_smddp.models.yolo import build_model
 
-    model = build_model(cfg).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [p.numel() * grad_bytes for p in params], conv_work(model)
+    return gradient_profile(build_model(cfg).train().to("meta"))
 
 
 def _int_list(text: str) -> list[int]:
@@ -331,7 +356,8 @@ def format_table(points: Sequence[ScalingPoint]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    tensor_bytes, tensor_work = model_gradients(args.cfg, args.grad_bytes)
+    profile = model_profile(args.cfg)
+    tensor_bytes = profile.tensor_bytes(args.grad_bytes)
     links = Links(
         nodes=1,
         gpus_per_node=args.gpus_per_node,
@@ -346,7 +372,8 @@ def run(args: argparse.Namespace) -> int:
         for algorithm in algorithms
         for point in predict_scaling(
             tensor_bytes=tensor_bytes,
-            tensor_work=tensor_work,
+            tensor_work=profile.work,
+            ready_order=profile.ready_order,
             node_counts=args.nodes,
             links=links,
             algorithm=algorithm,
@@ -355,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
             batch_per_gpu=args.batch_per_gpu,
         )
     ]
-    buckets = ddp_buckets(tensor_bytes)
+    buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
     print(f"{args.cfg}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB, "
           f"{len(buckets)} DDP buckets; step {args.step_ms:g} ms on 1 GPU, backward {args.backward_fraction:.0%}")
     print(format_table(points))
