@@ -75,6 +75,9 @@ class YoloLoss:
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = preds[0].device
+        if self.anchors.device != device:  # the model moved after the loss was built
+            self.anchors, self.offsets = self.anchors.to(device), self.offsets.to(device)
+            self.obj_pw, self.cls_pw = self.obj_pw.to(device), self.cls_pw.to(device)
         batch = preds[0].shape[0]
         targets = targets.to(device=device, dtype=torch.float32)
         lbox = torch.zeros(1, device=device)
@@ -116,22 +119,23 @@ class YoloLoss:
         [m, 4] (x, y relative to the cell, w, h in grid units) and `valid` (the anchor's shape ratio
         is within anchor_t and, for a neighbour, the centre lies in that half of its cell)."""
         n, na = len(targets), self.na
+        device = targets.device
         anchors = self.anchors[level]  # [na, 2]
-        grid_wh = torch.tensor([nx, ny], device=targets.device, dtype=torch.float32)
-        gxy = targets[:, 2:4] * grid_wh  # [n, 2]
-        gwh = targets[:, 4:6] * grid_wh
+        # grid sizes enter as Python numbers: a tensor made from them would be a host-to-device copy
+        gxy = torch.stack((targets[:, 2] * nx, targets[:, 3] * ny), 1)  # [n, 2] grid units
+        gwh = torch.stack((targets[:, 4] * nx, targets[:, 5] * ny), 1)
         ratio = gwh[None] / anchors[:, None]  # [na, n, 2]
         shape_ok = torch.max(ratio, 1 / ratio).amax(2) < self.anchor_t  # [na, n]
         frac_low = (gxy % 1 < NEIGHBOUR_OFFSET) & (gxy > 1)  # left / up
-        gxy_inv = grid_wh - gxy
+        gxy_inv = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
         frac_high = (gxy_inv % 1 < NEIGHBOUR_OFFSET) & (gxy_inv > 1)  # right / down
-        own = torch.ones(n, dtype=torch.bool, device=targets.device)
+        own = torch.ones(n, dtype=torch.bool, device=device)
         cell_ok = torch.stack((own, frac_low[:, 0], frac_low[:, 1], frac_high[:, 0], frac_high[:, 1]))  # [5, n]
         valid = (cell_ok[:, None, :] & shape_ok[None]).reshape(-1)  # [5 * na * n]
 
-        target_idx = torch.arange(n, device=targets.device).repeat(5 * na)
-        anchor_idx = torch.arange(na, device=targets.device).repeat_interleave(n).repeat(5)
-        offsets = self.offsets.repeat_interleave(na * n, dim=0)  # [m, 2]
+        target_idx = torch.arange(n, device=device).repeat(5 * na)
+        anchor_idx = torch.arange(na, device=device)[:, None].expand(na, n).reshape(-1).repeat(5)
+        offsets = self.offsets[:, None, :].expand(5, na * n, 2).reshape(-1, 2)  # [m, 2]
         cxy = gxy[target_idx]
         gij = (cxy - offsets).long()
         gi = gij[:, 0].clamp(0, nx - 1)

@@ -7,6 +7,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -95,7 +96,7 @@ def test_incompatible_checkpoint_is_refused(tmp_path, model_n):
 # --- the release's format -------------------------------------------------------------------------
 
 
-def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool) -> None:
+def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool, training_state: bool = False) -> None:
     """torch.save a whole-model checkpoint whose classes are named as the release names them, made from
     stand-in classes registered under models.yolo / models.common only while saving."""
     yolo_mod, common_mod = types.ModuleType("models.yolo"), types.ModuleType("models.common")
@@ -142,6 +143,8 @@ def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool) -> Non
     }
     if ema:
         ckpt["ema"], ckpt["model"] = ckpt["model"], None
+    if training_state:  # what an unfinished run's last.pt carries besides the weights
+        ckpt.update(best_fitness=np.array([0.25]), opt={"save_dir": Path("runs/exp"), "blob": b"\x00\xff"})
     sys.modules.update({"models": package, "models.yolo": yolo_mod, "models.common": common_mod})
     try:
         torch.save(ckpt, path)
@@ -157,10 +160,10 @@ def _recast(module: nn.Module, mapping: dict) -> nn.Module:
     return module
 
 
-@pytest.mark.parametrize("ema", [False, True])
-def test_release_checkpoint_loads_through_the_allow_list(tmp_path, model_n, ema):
+@pytest.mark.parametrize(("ema", "training_state"), [(False, False), (True, True)])
+def test_release_checkpoint_loads_through_the_allow_list(tmp_path, model_n, ema, training_state):
     path = tmp_path / "yolov5n.pt"
-    _release_style_checkpoint(path, model_n, ema=ema)
+    _release_style_checkpoint(path, model_n, ema=ema, training_state=training_state)
     assert "models.yolo" not in sys.modules
     with pytest.raises(Exception, match="(?i)weights only load failed|unsupported global"):
         torch.load(path, weights_only=True)

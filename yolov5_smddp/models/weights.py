@@ -222,24 +222,36 @@ _RELEASE_CLASSES = (
     "models.yolo.DetectionModel", "models.yolo.Model", "models.yolo.Detect",
     "models.common.Conv", "models.common.C3", "models.common.Bottleneck", "models.common.SPPF",
     "models.common.Concat",
+    # older releases' blocks: readable, so that transfer_state can take the tensors that still fit
+    "models.common.Focus", "models.common.SPP", "models.common.BottleneckCSP",
 )
 _TORCH_NN_CLASSES = (
     "conv.Conv2d", "batchnorm.BatchNorm2d", "activation.SiLU", "activation.ReLU", "activation.LeakyReLU",
     "container.Sequential", "container.ModuleList", "pooling.MaxPool2d", "upsampling.Upsample",
     "linear.Identity",
 )
-# Things a checkpoint's metadata may contain (best_fitness as a numpy scalar, paths in `opt`): kept as
+# Things a checkpoint's metadata may contain (best_fitness as a numpy array, paths in `opt`): kept as
 # inert records, never built.
 _INERT_METADATA = (
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
     "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype",
-    "pathlib.PosixPath", "pathlib.WindowsPath", "argparse.Namespace",
+    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib._local.PosixPath", "pathlib._local.WindowsPath",
+    "argparse.Namespace",
 )
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """Stands in for _codecs.encode, which protocol-2 pickles use to spell bytes; latin-1 only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise WeightsError(f"refuses to load: _codecs.encode with {encoding!r}")
+    return text.encode("latin1")
 _ALLOWED_GLOBALS: dict[str, Any] = {
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
     "torch._utils._rebuild_parameter": _rebuild_parameter,
     "collections.OrderedDict": OrderedDict,
     "builtins.set": set,
     "builtins.frozenset": frozenset,
+    "_codecs.encode": _latin1_bytes,
     "torch.Size": tuple,
     **{f"torch.{name}": _StorageType(dtype) for name, dtype in _STORAGE_DTYPES.items()},
     **{f"torch.{name}": getattr(torch, name) for name in ("float16", "float32", "float64", "bfloat16", "int64")},
