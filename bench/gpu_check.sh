@@ -23,9 +23,9 @@ start=$SECONDS
 # real loader ~1 min, scaling model ~15 s. ITERS/WARMUP override the step counts.
 iters="${ITERS:-10}"
 warmup="${WARMUP:-3}"
-device=cuda imgsz=640 batches=16,32,48 batch_real=32 batch_ref=32 batch_mfu=48
-if [ "${SMOKE:-0}" = 1 ]; then
-    device=cpu imgsz=64 batches=2 batch_real=2 batch_ref=2 batch_mfu=2 iters=1 warmup=1
+device=cuda imgsz=640 batches=16,32,48 amps=bf16,fp16 batch_real=32 batch_ref=32 batch_mfu=48
+if [ "${SMOKE:-0}" = 1 ]; then  # fp16 autocast needs CUDA
+    device=cpu imgsz=64 batches=2 amps=bf16,off batch_real=2 batch_ref=2 batch_mfu=2 iters=1 warmup=1
 fi
 
 if ! "$python" - <<'EOF'
@@ -62,7 +62,7 @@ for cfg in yolov5s yolov5x; do
     limit=100
     [ "$cfg" = yolov5x ] && limit=200
     bench "train_${cfg}_device" "$limit" --cfg "$cfg.yaml" --imgsz "$imgsz" --batch-per-gpu "$batches" \
-        --amp bf16,fp16 --channels-last on,off --loader device --data synthetic
+        --amp "$amps" --channels-last on,off --loader device --data synthetic
 done
 
 if [ "$have_cv2" = 1 ]; then

@@ -12,7 +12,6 @@ the next batch. `--loader device` cycles through a few batches already on the de
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import logging
@@ -32,7 +31,6 @@ log = logging.getLogger(__name__)
 
 AMP_MODES = ("off", "bf16", "fp16")
 SWITCH = {"on": True, "off": False}
-SGD = {"lr": 0.01, "momentum": 0.937, "nesterov": True, "weight_decay": 5e-4}  # the recipe's lr0/momentum/wd
 DEFAULT_NC = 80
 
 
@@ -57,7 +55,7 @@ class StepResult:
     step_ms: float  # wall clock
     data_wait_ms: float  # host time to get the next batch
     forward_backward_ms: float  # device time: copy + uint8→float + forward + loss + backward
-    optimizer_ms: float  # device time: (unscale +) step + zero_grad
+    optimizer_ms: float  # device time: unscale, clip, step, zero_grad, EMA update
     comm_ms: float | None  # not measurable in one process
     device_busy: float  # (forward_backward + optimizer) / step: below 1 = the device waited
     peak_memory_mb: float
@@ -164,18 +162,6 @@ def _check(args: argparse.Namespace, cuda_available: bool) -> str:
     return device
 
 
-def _precision(amp: str, device_type: str):
-    """(autocast context factory, GradScaler): the scaler only does work for fp16."""
-    import torch
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-
-    def autocast():
-        return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-    return autocast, torch.amp.GradScaler(device_type, enabled=amp == "fp16")
-
-
 def _peak_memory_mb(device_type: str) -> float:
     import torch
 
@@ -202,44 +188,37 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
 
 def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
             flops_for: Callable[[int], float], peak: float | None) -> StepResult:
-    """Builds a fresh model/optimizer for `combo`, warms up, then times `args.iters` steps."""
+    """Builds a fresh model, EMA and optimizer for `combo` exactly as the trainer does, warms up, then
+    times `args.iters` steps of the engine's own TrainStep (micro_step + optimizer_step: AMP, gradient
+    clipping, the non-finite guard and the EMA update included)."""
     import torch
 
+    from yolov5_smddp.ema import ModelEMA
+    from yolov5_smddp.engine import TrainStep, resolve_amp
     from yolov5_smddp.loss import YoloLoss, scale_loss_gains
     from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.trainer import build_optimizer
 
     batches, nc = _batches(args, combo, device, hyp, scratch)
     torch.manual_seed(0)
     model = build_model(args.cfg, nc=nc).to(device).train()
-    memory_format = torch.channels_last if combo.channels_last else torch.contiguous_format
-    model = model.to(memory_format=memory_format)
+    if combo.channels_last:
+        model.to(memory_format=torch.channels_last)
     criterion = YoloLoss(model, scale_loss_gains(hyp, nl=model.detect.nl, nc=nc, imgsz=args.imgsz))
-    forward = torch.compile(model) if args.compile else model
-    optimizer = torch.optim.SGD(model.parameters(), foreach=True, **SGD)
-    autocast, scaler = _precision(combo.amp, device.type)
+    ema = ModelEMA(model)
+    optimizer = build_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+    amp = resolve_amp(combo.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    step = TrainStep(torch.compile(model) if args.compile else model, criterion, optimizer, amp.make_scaler(),
+                     ema, amp, device, channels_last=combo.channels_last)
     clock = PhaseClock(device.type)
-
-    def step(images: torch.Tensor, targets: torch.Tensor, timed: bool) -> None:
-        if timed:
-            clock.start()
-        x = images.to(device, non_blocking=True).float().div_(255).contiguous(memory_format=memory_format)
-        with autocast():
-            loss, _ = criterion(forward(x), targets.to(device, non_blocking=True))
-        scaler.scale(loss).backward()
-        if timed:
-            clock.after_backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if timed:
-            clock.after_optimizer()
 
     def synchronize() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     for _ in range(args.warmup):
-        step(*next(batches), timed=False)
+        step.micro_step(*next(batches), sync=True)
+        step.optimizer_step()
     synchronize()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -249,7 +228,11 @@ def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
         fetch = time.perf_counter()
         images, targets = next(batches)
         data_wait += time.perf_counter() - fetch
-        step(images, targets, timed=True)
+        clock.start()
+        step.micro_step(images, targets, sync=True)
+        clock.after_backward()
+        step.optimizer_step()
+        clock.after_optimizer()
     synchronize()
     wall = time.perf_counter() - start
     totals = clock.totals()
@@ -277,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.engine import resolve_amp
     from yolov5_smddp.models.yolo import build_model
 
     device = torch.device(_check(args, torch.cuda.is_available()))
@@ -286,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         device_name = f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
     peak = peak_tflops(device_name, args.peak_tflops) if device.type == "cuda" or args.peak_tflops else None
+    for mode in args.amp:  # refuse impossible modes before any measurement (fp16 needs CUDA)
+        resolve_amp(mode, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
     hyp = load_hyp(args.hyp)
     flops_cache: dict[int, tuple[float, float]] = {}
 
@@ -296,6 +282,28 @@ def run(args: argparse.Namespace) -> int:
 
     results: list[StepResult] = []
     failures: list[tuple[Combination, str]] = []
+
+    def report() -> dict:
+        train_flops, forward_flops = next(iter(flops_cache.values()), (0.0, 0.0))  # one dataset: one nc
+        return {
+            "benchmark": "train", "cfg": args.cfg, "imgsz": args.imgsz, "device": device_name,
+            "torch": torch.__version__, "loader": args.loader, "data": args.data, "iters": args.iters,
+            "warmup": args.warmup, "compile": args.compile,
+            "train_flops_per_sample": train_flops, "forward_flops_per_sample": forward_flops,
+            "peak_tflops": peak,
+            "peak_memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda"
+            else "process max RSS (cumulative over combinations)",
+            "results": [asdict(r) for r in results],
+            "failures": [{**asdict(c), "error": error} for c, error in failures],
+        }
+
+    def write(final: bool) -> None:  # after every combination, so a run cut short keeps what it measured
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report(), indent=2))
+            if final:
+                print(f"wrote {args.json}")
+
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         for combo in combinations(args.batch_per_gpu, args.amp, args.channels_last):
             try:
@@ -306,33 +314,12 @@ def run(args: argparse.Namespace) -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             log.info("%s done", combo)
-    train_flops, forward_flops = next(iter(flops_cache.values()), (0.0, 0.0))  # one dataset: one nc
+            write(final=False)
+    summary = report()
     print(f"{args.cfg} {args.imgsz}px on {device_name}, loader {args.loader} ({args.data}), "
           f"{args.iters} iters after {args.warmup} warmup{', compiled' if args.compile else ''}; "
-          f"{train_flops / 1e9:.1f} GFLOPs per training sample ({forward_flops / 1e9:.1f} forward), "
-          f"peak {peak if peak is not None else '-'} TFLOP/s")
+          f"{summary['train_flops_per_sample'] / 1e9:.1f} GFLOPs per training sample "
+          f"({summary['forward_flops_per_sample'] / 1e9:.1f} forward), peak {peak if peak is not None else '-'} TFLOP/s")
     print(format_table(results, failures))
-    if args.json is not None:
-        report = {
-            "benchmark": "train",
-            "cfg": args.cfg,
-            "imgsz": args.imgsz,
-            "device": device_name,
-            "torch": torch.__version__,
-            "loader": args.loader,
-            "data": args.data,
-            "iters": args.iters,
-            "warmup": args.warmup,
-            "compile": args.compile,
-            "train_flops_per_sample": train_flops,
-            "forward_flops_per_sample": forward_flops,
-            "peak_tflops": peak,
-            "peak_memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda"
-            else "process max RSS (cumulative over combinations)",
-            "results": [asdict(r) for r in results],
-            "failures": [{**asdict(c), "error": error} for c, error in failures],
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
+    write(final=True)
     return 0
