@@ -110,3 +110,11 @@ def test_parse_hp(sweep):
                                                                         "hyp-override": "lr0=0.02"}
     with pytest.raises(ConfigError, match="key=value"):
         sweep.parse_hp(["epochs"])
+
+
+def test_default_key_reads_the_trainers_metrics_json(sweep):
+    # the shape trainer.write_final_outputs writes: throughput over all ranks under "throughput"
+    metrics = {"final": None, "world_size": 16, "throughput": {"samples_per_sec": 3100.0,
+                                                               "samples_per_sec_per_gpu": 193.75}}
+    data = tar_bytes({"metrics.json": json.dumps(metrics).encode(), "best.pt": b"weights"})
+    assert sweep.throughput(sweep.metrics_from_model_tar(data)) == 3100.0
