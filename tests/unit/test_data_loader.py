@@ -60,6 +60,7 @@ def test_collate_uint8_and_image_index():
     ]
     imgs, targets, paths, shapes = collate(items)
     assert imgs.dtype == torch.uint8 and imgs.shape == (3, 3, 8, 8)
+    assert imgs[1].eq(1).all() and imgs[0].eq(0).all()
     assert targets.shape == (3, 6) and targets[:, 0].tolist() == [0, 2, 2]
     assert paths == ("a", "b", "c") and shapes == (None, None, None)
 

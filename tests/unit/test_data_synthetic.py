@@ -36,7 +36,7 @@ def test_drawn_object_box_is_tight(cls):
     box = _draw_object(img, cls, np.array([10, 5, 50, 40]), (255, 255, 255), np.random.default_rng(cls))
     ys, xs = np.nonzero(img.any(axis=2))
     assert box.tolist() == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
-    assert 10 <= box[0] and 5 <= box[1] and box[2] <= 51 and box[3] <= 41
+    assert box[0] >= 10 and box[1] >= 5 and box[2] <= 51 and box[3] <= 41
 
 
 def test_labels_are_normalised_boxes_of_every_class(tmp_path):

@@ -203,10 +203,13 @@ def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
     out[y0:y1, x0:x1] = roi
 
 
-def augment_hsv(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
-    """A copy of a BGR uint8 image with hue, saturation and value scaled by random U(1 +/- gain)."""
+def augment_hsv_to_rgb(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
+    """BGR uint8 → a new RGB uint8 image with hue, saturation and value scaled by random U(1 +/- gain).
+
+    The colour-order change rides on the HSV → RGB conversion the jitter needs anyway (no extra pass).
+    """
     if not (p.hsv_h or p.hsv_s or p.hsv_v):
-        return img
+        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     gains = rng.uniform(-1, 1, 3) * (p.hsv_h, p.hsv_s, p.hsv_v) + 1
     hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
     x = np.arange(256, dtype=np.float32)
@@ -214,22 +217,21 @@ def augment_hsv(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> 
     lut_s = np.clip(x * gains[1], 0, 255).astype(np.uint8)
     lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
     merged = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
-    return cv2.cvtColor(merged, cv2.COLOR_HSV2BGR)
+    return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
 
 
 def random_flips(
     img: np.ndarray, labels_xywhn: np.ndarray, p: AugmentParams, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flip up-down with probability flipud and left-right with fliplr; labels [n, 5] (cls, xywh normalised)."""
-    labels = labels_xywhn
-    if rng.random() < p.flipud:
-        img = img[::-1]
-        labels = labels.copy()
+    labels = labels_xywhn.copy()
+    up_down, left_right = rng.random() < p.flipud, rng.random() < p.fliplr
+    if up_down:
         labels[:, 2] = 1 - labels[:, 2]
-    if rng.random() < p.fliplr:
-        img = img[:, ::-1]
-        labels = labels.copy()
+    if left_right:
         labels[:, 1] = 1 - labels[:, 1]
+    if up_down or left_right:
+        img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
     return img, labels
 
 

@@ -1,6 +1,6 @@
 """YoloDataset: images and labels of a LabelIndex, augmented for training or letterboxed for validation.
 
-Item → (img uint8 [3, H, W] RGB, labels float32 [n, 6] (0, cls, xc, yc, w, h) normalised to the
+Item → (img uint8 [3, H, W] RGB — a transposed view of an HWC array, see `loader.collate` —, labels float32 [n, 6] (0, cls, xc, yc, w, h) normalised to the
 output image, image path, shapes) with shapes = ((h0, w0), ((gain_h, gain_w), (pad_w, pad_h))): the
 TOTAL scale from original pixels to network-input pixels and the padding, as
 `boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
@@ -26,7 +26,7 @@ import numpy as np
 
 from yolov5_smddp.data.augment import (
     AugmentParams,
-    augment_hsv,
+    augment_hsv_to_rgb,
     mixup,
     mosaic,
     random_flips,
@@ -210,9 +210,11 @@ class YoloDataset:
         out_h, out_w = img.shape[:2]
         labels = xyxy_to_xywhn(labels, out_w, out_h)
         if self.augment:
-            img = augment_hsv(img, p, self.rng)
+            img = augment_hsv_to_rgb(img, p, self.rng)
             img, labels = random_flips(img, labels, p, self.rng)
-        chw_rgb = np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))
+        else:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        chw_rgb = img.transpose(2, 0, 1)  # a view: collate copies each image exactly once
         targets = np.zeros((len(labels), 6), np.float32)
         targets[:, 1:] = labels
         return chw_rgb, targets, str(self.images[i]), shapes

@@ -82,6 +82,7 @@ def _decode_size(path: Path) -> tuple[int, int]:
 
 def read_image_info(path: Path) -> tuple[tuple[int, int], int]:
     """((h, w) as decoded, size in bytes). Raises ImageProblem with the reason when unusable."""
+    shape: tuple[int, int] | None = None
     try:
         with open(path, "rb") as f:
             size_bytes = f.seek(0, 2)
@@ -91,24 +92,23 @@ def read_image_info(path: Path) -> tuple[tuple[int, int], int]:
             tail = f.read(12)
             f.seek(0)
             head = f.read(_FIRST_READ)
-            if head[:2] == b"\xff\xd8" and _jpeg_size(head) is None and len(head) == _FIRST_READ:
-                head += f.read(_HEAD_BYTES)  # a large EXIF block before the frame header
+            if head[:2] == b"\xff\xd8":
+                if not tail.endswith(b"\xff\xd9"):
+                    raise ImageProblem("corrupt JPEG (truncated: no end-of-image marker)")
+                shape = _jpeg_size(head)
+                if shape is None and len(head) == _FIRST_READ:  # a large EXIF block before the frame header
+                    shape = _jpeg_size(head + f.read(_HEAD_BYTES))
     except OSError as exc:
         raise ImageProblem(f"cannot be read: {exc.strerror or exc}") from exc
 
-    shape: tuple[int, int] | None = None
-    if head[:2] == b"\xff\xd8":
-        if not tail.endswith(b"\xff\xd9"):
-            raise ImageProblem("corrupt JPEG (truncated: no end-of-image marker)")
-        shape = _jpeg_size(head)
-    elif head[:8] == _PNG_SIGNATURE:
+    if head[:8] == _PNG_SIGNATURE:
         if b"IEND" not in tail:
             raise ImageProblem("corrupt PNG (truncated: no IEND chunk)")
         if head[12:16] != b"IHDR":
             raise ImageProblem("corrupt PNG (no IHDR chunk)")
         w, h = struct.unpack(">II", head[16:24])
         shape = (h, w)
-    if shape is None:  # other formats, or a JPEG with a header larger than _HEAD_BYTES
+    if shape is None:  # other formats, or a JPEG whose frame header is beyond the bytes read
         shape = _decode_size(path)
     if min(shape) < MIN_SIDE:
         raise ImageProblem(f"too small ({shape[1]}x{shape[0]} px, sides must be >= {MIN_SIDE})")

@@ -13,6 +13,7 @@ Nothing is ever written into the dataset except our own cache file (see `cache`)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp",
 CACHE_POLICIES = ("rebuild", "strict")
 _COORD_TOLERANCE = 1e-6
 _MAX_LOGGED_PROBLEMS = 20
+_CHUNK = 128
+_SEP_IMAGES, _SEP_LABELS = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
 
 
 class PairFlag(IntFlag):
@@ -88,39 +91,44 @@ class LabelIndex:
     """Where our cache was read or written (None when it could not be written anywhere)."""
 
 
+def _label_str(image: str) -> str:
+    head, found, tail = image.rpartition(_SEP_IMAGES)
+    if found:
+        image = head + _SEP_LABELS + tail
+    return os.path.splitext(image)[0] + ".txt"
+
+
 def label_path_for(image: Path) -> Path:
     """`.../images/.../x.jpg` → `.../labels/.../x.txt` (the LAST `/images/` is replaced)."""
-    text = str(image)
-    sep_images, sep_labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    head, found, tail = text.rpartition(sep_images)
-    if found:
-        text = head + sep_labels + tail
-    return Path(text).with_suffix(".txt")
+    return Path(_label_str(str(image)))
 
 
-def _is_image(path: Path) -> bool:
-    return path.suffix[1:].lower() in IMG_FORMATS
+def _is_image(name: str) -> bool:
+    return os.path.splitext(name)[1][1:].lower() in IMG_FORMATS
 
 
-def list_images(sources: list[Path]) -> list[Path]:
-    """Absolute image paths from folders, list files and images, sorted and without duplicates."""
-    found: set[Path] = set()
+def _list_image_strs(sources: list[Path]) -> list[str]:
+    found: set[str] = set()
     for source in sources:
         source = Path(source)
         if source.is_dir():
             for dirpath, _dirs, files in os.walk(source, followlinks=True):
-                found.update(Path(dirpath, name) for name in files if _is_image(Path(name)))
+                found.update(os.path.join(dirpath, name) for name in files if _is_image(name))
         elif source.is_file() and source.suffix == ".txt":
             for line in source.read_text().splitlines():
                 entry = line.strip()
                 if entry:
-                    path = Path(entry)
-                    found.add(path if path.is_absolute() else (source.parent / path))
-        elif source.is_file() and _is_image(source):
-            found.add(source)
+                    found.add(entry if os.path.isabs(entry) else os.path.join(source.parent, entry))
+        elif source.is_file() and _is_image(source.name):
+            found.add(str(source))
         else:
             raise DataError(f"image source {source} is not a folder, a .txt list file or an image")
-    return sorted(Path(os.path.abspath(p)) for p in found)
+    return sorted({os.path.abspath(p) for p in found})
+
+
+def list_images(sources: list[Path]) -> list[Path]:
+    """Absolute image paths from folders, list files and images, sorted and without duplicates."""
+    return [Path(p) for p in _list_image_strs(sources)]
 
 
 def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
@@ -146,7 +154,7 @@ def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
         except ValueError:
             bad = next(v for v in fields if not _is_float(v))
             raise ValueError(f"line {number}: non-numeric value {bad!r}") from None
-        if not all(np.isfinite(values)):
+        if not all(map(math.isfinite, values)):
             raise ValueError(f"line {number}: non-finite value")
         cls = values[0]
         if cls < 0 or cls != int(cls):
@@ -166,18 +174,15 @@ def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
             x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
             coords = [(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]
             flags |= PairFlag.POLYGONS
-        rows.append([cls, *coords])
+        rows.append((cls, *(min(c, 1.0) for c in coords)))
     if not rows:
         return np.zeros((0, 5), np.float32), PairFlag.EMPTY_LABEL, ""
-    labels = np.clip(np.array(rows, dtype=np.float32), 0.0, None)
-    labels[:, 1:] = np.minimum(labels[:, 1:], 1.0)
     reason = ""
-    unique, first = np.unique(labels, axis=0, return_index=True)
-    if len(unique) < len(labels):
-        reason = f"{len(labels) - len(unique)} duplicate rows dropped"
-        labels = labels[np.sort(first)]
+    unique = list(dict.fromkeys(rows))  # keeps the first of each duplicate, in file order
+    if len(unique) < len(rows):
+        reason = f"{len(rows) - len(unique)} duplicate rows dropped"
         flags |= PairFlag.DUPLICATES
-    return labels, flags, reason
+    return np.array(unique, dtype=np.float32), flags, reason
 
 
 def _is_float(text: str) -> bool:
@@ -196,7 +201,7 @@ class _PairResult:
     labels: np.ndarray
 
 
-def _verify_pair(image: Path, label_data: bytes | OSError | None, nc: int) -> _PairResult:
+def _verify_pair(image: str, label_data: bytes | OSError | None, nc: int) -> _PairResult:
     empty = np.zeros((0, 5), np.float32)
     try:
         shape, _ = read_image_info(image)
@@ -215,19 +220,37 @@ def _verify_pair(image: Path, label_data: bytes | OSError | None, nc: int) -> _P
     return _PairResult(shape, flags, reason, labels)
 
 
-def _read_fingerprint(image: Path) -> tuple[int, bytes | OSError | None]:
+def _read_fingerprint(image: str) -> tuple[int, bytes | OSError | None]:
     """(image size in bytes or -1 when it cannot be stat'ed, label bytes, None when absent, or the error)."""
     try:
         size = os.stat(image).st_size
     except OSError:
         size = -1
     try:
-        data = label_path_for(image).read_bytes()
+        with open(_label_str(image), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         data = None
     except OSError as exc:
         data = exc
     return size, data
+
+
+def _read_fingerprints(images: list[str]) -> list[tuple[int, bytes | OSError | None]]:
+    return [_read_fingerprint(img) for img in images]
+
+
+def _verify_pairs(jobs: list[tuple[str, bytes | OSError | None, int]]) -> list[_PairResult]:
+    return [_verify_pair(*job) for job in jobs]
+
+
+def _parallel(fn, items: list, workers: int) -> list:
+    """fn over `items` in chunks on a thread pool (file I/O releases the GIL), results in order."""
+    if workers <= 1 or len(items) <= _CHUNK:
+        return fn(items)
+    chunks = [items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+    with ThreadPoolExecutor(workers) as pool:
+        return [result for chunk in pool.map(fn, chunks) for result in chunk]
 
 
 def _fingerprint_hash(data: bytes | OSError | None) -> str:
@@ -236,14 +259,18 @@ def _fingerprint_hash(data: bytes | OSError | None) -> str:
     return label_hash(data if isinstance(data, bytes) else str(data).encode())
 
 
-def _relative(path: Path, root: Path) -> str:
-    return Path(os.path.relpath(path, root)).as_posix()
+def _relative(path: str, root: str) -> str:
+    prefix = root.rstrip(os.sep) + os.sep
+    if path.startswith(prefix):
+        return path[len(prefix) :].replace(os.sep, "/")
+    return os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def _foreign_cache_candidates(sources: list[Path], images: list[Path]) -> list[Path]:
+def _foreign_cache_candidates(sources: list[Path], images: list[str]) -> list[Path]:
     """Where the release writes its cache: next to a list file, or `<labels folder>.cache`."""
     candidates = {Path(s).with_suffix(".cache") for s in sources if Path(s).is_file()}
-    candidates |= {label_path_for(img).parent.with_suffix(".cache") for img in images}
+    label_dirs = {os.path.dirname(_label_str(img)) for img in images}
+    candidates |= {Path(d).with_suffix(".cache") for d in label_dirs}
     return sorted(p for p in candidates if p.is_file())
 
 
@@ -251,8 +278,8 @@ def _cache_targets(
     images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None
 ) -> tuple[Path, Path]:
     """(next to the labels, in cache_dir) — the two places our cache may live."""
-    rel_sources = sorted(_relative(Path(s), root) for s in sources)
-    labels_parent = label_path_for(images[0]).parent.parent
+    rel_sources = sorted(_relative(str(s), str(root)) for s in sources)
+    labels_parent = label_path_for(Path(images[0])).parent.parent
     fallback = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir(), "yolov5-smddp-cache")
     return labels_parent / cache_file_name(rel_sources), fallback / cache_file_name(
         rel_sources, salt=str(root)
@@ -277,7 +304,7 @@ def build_label_index(
     if cache_policy not in CACHE_POLICIES:
         raise DataError(f"cache policy {cache_policy!r} is not one of {CACHE_POLICIES}")
     root = Path(root).resolve()
-    images = list_images(sources)
+    images = _list_image_strs(sources)
     if not images:
         where = ", ".join(str(s) for s in sources)
         raise DataError(f"no images found in {where} (looked for files ending in {', '.join(IMG_FORMATS)})")
@@ -288,9 +315,10 @@ def build_label_index(
             raise DataError(f"strict cache policy: {message}")
         log.warning(message)
 
-    with ThreadPoolExecutor(max(workers, 1)) as pool:
-        fingerprints = list(pool.map(_read_fingerprint, images, chunksize=64))
-    rel_images = [_relative(img, root) for img in images]
+    workers = min(workers, os.cpu_count() or 1)
+    fingerprints = _parallel(_read_fingerprints, images, workers)
+    root_str = str(root)
+    rel_images = [_relative(img, root_str) for img in images]
     image_bytes = np.array([size for size, _ in fingerprints], dtype=np.int64)
     hashes = [_fingerprint_hash(data) for _, data in fingerprints]
 
@@ -351,7 +379,7 @@ def _write_cache(table: ScanTable, root: Path, near: Path, fallback: Path) -> tu
 
 def _index_from_table(
     table: ScanTable,
-    images: list[Path],
+    images: list[str],
     root: Path,
     sources: list[Path],
     cache_path: Path | None,
@@ -362,7 +390,7 @@ def _index_from_table(
     offsets = np.concatenate([[0], np.cumsum(table.counts)])
     messages = []
     for i in np.flatnonzero((flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL | PairFlag.DUPLICATES)) != 0):
-        about = images[i] if flags[i] & PairFlag.BAD_IMAGE else label_path_for(images[i])
+        about = images[i] if flags[i] & PairFlag.BAD_IMAGE else _label_str(images[i])
         messages.append(f"{about}: {table.reasons[i]}")
     keep = np.flatnonzero(~bad)
     labels = [table.labels[offsets[i] : offsets[i + 1]] for i in keep]
@@ -384,7 +412,7 @@ def _index_from_table(
         log.warning("... and %d more problems (see the scan report)", len(messages) - _MAX_LOGGED_PROBLEMS)
     if report.boxes == 0:
         where = ", ".join(str(s) for s in sources)
-        example = label_path_for(images[0])
+        example = _label_str(images[0])
         raise DataError(
             f"no usable labels in {where}: looked for one .txt per image with /images/ replaced by /labels/ "
             f"(e.g. {example}); {report.found} images, {report.missing_labels} without a label file, "
@@ -393,7 +421,7 @@ def _index_from_table(
         )
     return LabelIndex(
         root=root,
-        images=[images[i] for i in keep],
+        images=[Path(images[i]) for i in keep],
         shapes=table.shapes[keep],
         labels=labels,
         report=report,

@@ -61,11 +61,16 @@ class ShardSampler(Sampler[int]):
 
 def collate(batch: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple]:
     """Items → (imgs uint8 [B, 3, H, W], targets float32 [n, 6] (image index in batch, cls, xc, yc, w, h),
-    paths, shapes)."""
+    paths, shapes).
+
+    `imgs` has channels-last strides (memory order B, H, W, C): the items are CHW views of HWC arrays,
+    so stacking them as HWC is one plain copy per image, where a CHW copy would be a strided transpose.
+    `imgs.float()` keeps that layout (torch.channels_last); call `.contiguous()` for NCHW memory.
+    """
     imgs, labels, paths, shapes = zip(*batch)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
-    images = torch.from_numpy(np.stack(imgs))
+    images = torch.from_numpy(np.stack([img.transpose(1, 2, 0) for img in imgs])).permute(0, 3, 1, 2)
     targets = torch.from_numpy(np.concatenate(labels)) if labels else torch.zeros((0, 6))
     return images, targets, paths, shapes
 

@@ -15,13 +15,26 @@ import numpy as np
 CLASS_NAMES = ("rectangle", "ellipse", "triangle")
 _MAX_OBJECTS = 4
 _JPEG_QUALITY = 90
+_TEXTURE = 20.0
+_FINE_NOISE = 10.0
 
 
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Smooth random colour field + fine noise (uint8 [h, w, 3])."""
-    coarse = rng.integers(40, 216, (4, 5, 3)).astype(np.uint8)
-    img = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC).astype(np.int16)
-    img += rng.integers(-25, 26, (h, w, 3), dtype=np.int16)
+def _noise_bank(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """float32 [2h, 2w, 3]: mid-frequency texture + fine noise, drawn once per split; each image takes a
+    random crop (generating fresh noise per image costs more than the JPEG encode)."""
+    texture = rng.uniform(-_TEXTURE, _TEXTURE, (max(h // 4, 1), max(w // 4, 1), 3)).astype(np.float32)
+    bank = cv2.resize(texture, (2 * w, 2 * h), interpolation=cv2.INTER_LINEAR)
+    bank += rng.uniform(-_FINE_NOISE, _FINE_NOISE, bank.shape).astype(np.float32)
+    return bank
+
+
+def _background(rng: np.random.Generator, h: int, w: int, bank: np.ndarray) -> np.ndarray:
+    """Smooth random colour field + a crop of the noise bank (uint8 [h, w, 3]); at 640x480 the JPEG is
+    ~70 KB, like a photo, so decode costs are realistic."""
+    coarse = rng.integers(40, 216, (4, 5, 3)).astype(np.float32)
+    img = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
+    dy, dx = int(rng.integers(0, h + 1)), int(rng.integers(0, w + 1))
+    img += bank[dy : dy + h, dx : dx + w]
     return img.clip(0, 255).astype(np.uint8)
 
 
@@ -36,24 +49,25 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 def _draw_object(img: np.ndarray, cls: int, box: np.ndarray, colour: tuple[int, int, int], rng) -> np.ndarray:
     """Draw class `cls` inside box (x1, y1, x2, y2 int px); returns the tight xyxy box of the drawn pixels."""
     x1, y1, x2, y2 = (int(v) for v in box)
-    mask = np.zeros(img.shape[:2], np.uint8)
+    bw, bh = x2 - x1, y2 - y1
+    mask = np.zeros((bh + 1, bw + 1), np.uint8)  # drawn in box coordinates
     if cls == 0:
-        cv2.rectangle(mask, (x1, y1), (x2, y2), 255, thickness=-1)
+        cv2.rectangle(mask, (0, 0), (bw, bh), 255, thickness=-1)
     elif cls == 1:
-        cv2.ellipse(
-            mask, ((x1 + x2) // 2, (y1 + y2) // 2), ((x2 - x1) // 2, (y2 - y1) // 2), 0, 0, 360, 255, -1
-        )
+        cv2.ellipse(mask, (bw // 2, bh // 2), (bw // 2, bh // 2), 0, 0, 360, 255, -1)
     else:
-        apex_x = int(rng.integers(x1, x2 + 1))
-        cv2.fillPoly(mask, [np.array([[apex_x, y1], [x1, y2], [x2, y2]], np.int32)], 255)
+        apex_x = int(rng.integers(0, bw + 1))
+        cv2.fillPoly(mask, [np.array([[apex_x, 0], [0, bh], [bw, bh]], np.int32)], 255)
     drawn = mask > 0
-    img[drawn] = colour
+    img[y1 : y1 + bh + 1, x1 : x1 + bw + 1][drawn] = colour
     ys, xs = np.nonzero(drawn)
-    return np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], np.float64)
+    return np.array([x1 + xs.min(), y1 + ys.min(), x1 + xs.max() + 1, y1 + ys.max() + 1], np.float64)
 
 
-def _make_image(rng: np.random.Generator, h: int, w: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
-    img = _background(rng, h, w)
+def _make_image(
+    rng: np.random.Generator, h: int, w: int, bank: np.ndarray
+) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    img = _background(rng, h, w, bank)
     objects: list[tuple[int, np.ndarray]] = []
     for _ in range(int(rng.integers(1, _MAX_OBJECTS + 1))):
         for _attempt in range(10):
@@ -75,8 +89,9 @@ def _write_split(root: Path, split: str, n: int, w: int, h: int, rng: np.random.
     images, labels = root / "images" / split, root / "labels" / split
     images.mkdir(parents=True, exist_ok=True)
     labels.mkdir(parents=True, exist_ok=True)
+    bank = _noise_bank(rng, h, w)
     for i in range(n):
-        img, objects = _make_image(rng, h, w)
+        img, objects = _make_image(rng, h, w, bank)
         cv2.imwrite(str(images / f"{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
         lines = []
         for cls, (x1, y1, x2, y2) in objects:

@@ -1,0 +1,148 @@
+"""`yolov5-smddp bench data`: mosaic-pipeline samples/s (one process, and N loader workers) and
+label-scan / cache-load files/s.
+
+`--data synthetic` (the default) writes a benchmark dataset of 640x480 JPEGs (`--scan-images`, 2,000)
+to a temporary folder. The mosaic pipeline is measured twice in the same run — partners from the
+recently decoded pool (ours) and four decodes per sample (the release's way) — so the two numbers
+share the machine's load; shared machines are noisy, compare within one run. The label-scan row
+deletes and rebuilds our label cache (a cold build is what it measures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default="synthetic", help="data.yaml, or 'synthetic' (default)")
+    parser.add_argument("--imgsz", type=int, default=640, help="network input size (default 640)")
+    parser.add_argument("--workers", type=int, default=2, help="loader workers for the multi-process row")
+    parser.add_argument("--iters", type=int, default=300, help="samples per pipeline measurement")
+    parser.add_argument("--batch-size", type=int, default=16, help="loader batch size (workers row)")
+    parser.add_argument("--scan-images", type=int, default=2000, help="synthetic dataset size")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+
+
+def _timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def _pipeline_rate(dataset, iters: int, seed: int = 0) -> float:
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    count = min(iters, len(dataset))
+    dataset[int(order[0])]  # warm-up (imports, first allocations)
+    start = time.perf_counter()
+    for i in order[1 : count + 1]:
+        dataset[int(i)]
+    return count / (time.perf_counter() - start)
+
+
+def _loader_rate(dataset, *, workers: int, batch_size: int, iters: int) -> float:
+    from yolov5_smddp.data.loader import build_dataloader
+
+    loader = build_dataloader(
+        dataset,
+        batch_size=batch_size,
+        rank=0,
+        world_size=1,
+        workers=workers,
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+    )
+    batches = max(iters // batch_size, 2)
+    it = iter(loader)
+    next(it)  # worker start-up is not throughput
+    start, seen = time.perf_counter(), 0
+    for _ in range(batches):
+        try:
+            imgs = next(it)[0]
+        except StopIteration:
+            break
+        seen += len(imgs)
+    return seen / (time.perf_counter() - start)
+
+
+_UNIQUE_IMAGES = 200
+
+
+def resolve_data(data: str, scan_images: int, workdir: Path) -> Path:
+    """The data.yaml to benchmark: the given one, or a synthetic dataset of `scan_images` 640x480 JPEGs
+    (~70 KB each; 200 generated, the rest byte copies under new names — the scan reads every file)."""
+    if data != "synthetic":
+        return Path(data)
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    root = workdir / "bench-data"
+    yaml_path = make_default_dataset(
+        root, n_train=min(scan_images, _UNIQUE_IMAGES), n_val=0, imgsz=640, seed=0
+    )
+    for i in range(_UNIQUE_IMAGES, scan_images):
+        source = f"{i % _UNIQUE_IMAGES:05d}"
+        shutil.copyfile(
+            root / "images" / "train" / f"{source}.jpg", root / "images" / "train" / f"{i:05d}.jpg"
+        )
+        shutil.copyfile(
+            root / "labels" / "train" / f"{source}.txt", root / "labels" / "train" / f"{i:05d}.txt"
+        )
+    return yaml_path
+
+
+def run(args: argparse.Namespace) -> int:
+    import cv2
+
+    from yolov5_smddp.data.config import load_data_config
+    from yolov5_smddp.data.dataset import YoloDataset
+    from yolov5_smddp.data.labels import build_label_index
+
+    with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
+        workdir = Path(tmp)
+        gen_s, yaml_path = _timed(lambda: resolve_data(args.data, args.scan_images, workdir))
+        cfg = load_data_config(yaml_path)
+        cache_dir = workdir / "cache"
+
+        def scan():
+            return build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=cache_dir, workers=8)
+
+        first = scan()  # writes our cache; remove it so the timed scan is a cold build
+        if first.cache_path is not None:
+            first.cache_path.unlink()
+        scan_s, index = _timed(scan)
+        load_s, _ = _timed(scan)
+        n = index.report.found
+
+        cv2.setNumThreads(1)
+        rows = {}
+        for partners in ("recent", "random"):
+            ds = YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners=partners)
+            rows[f"mosaic_samples_per_s_1proc_{partners}"] = _pipeline_rate(ds, args.iters)
+        ds = YoloDataset(index, args.imgsz, augment=True, hyp={})
+        rows[f"mosaic_samples_per_s_{args.workers}workers"] = _loader_rate(
+            ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
+        )
+
+    results = {
+        "data": str(args.data),
+        "imgsz": args.imgsz,
+        "pairs": n,
+        "dataset_generation_s": round(gen_s, 2),
+        "label_scan_pairs_per_s": n / scan_s,
+        "cache_load_pairs_per_s": n / load_s,
+        **rows,
+    }
+    print(f"{'measurement':<44}{'value':>12}")
+    for key, value in results.items():
+        shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
+        print(f"{key:<44}{shown:>12}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
