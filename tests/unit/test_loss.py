@@ -154,3 +154,47 @@ def test_assignment_uses_neighbour_cells(model_n3):
     matched = [a for a in range(3) if torch.max(ratio[a], 1 / ratio[a]).max() < 4]
     assert matched == [0, 1, 2]
     assert cells == {(a, j, i) for a in matched for j, i in ((2, 5), (2, 4), (3, 5))}
+
+
+def _assignment_by_rules(targets: torch.Tensor, anchors: torch.Tensor, ny: int, nx: int) -> list[tuple]:
+    """The assignment rules written out one target at a time: (target, anchor, gj, gi) per candidate."""
+    out = []
+    for t, (_, _, x, y, w, h) in enumerate(targets.tolist()):
+        gx, gy, gw, gh = x * nx, y * ny, w * nx, h * ny
+        cells = [(0.0, 0.0)]
+        if gx % 1 < 0.5 and gx > 1:
+            cells.append((0.5, 0.0))
+        if gy % 1 < 0.5 and gy > 1:
+            cells.append((0.0, 0.5))
+        if (nx - gx) % 1 < 0.5 and nx - gx > 1:
+            cells.append((-0.5, 0.0))
+        if (ny - gy) % 1 < 0.5 and ny - gy > 1:
+            cells.append((0.0, -0.5))
+        for a, (aw, ah) in enumerate(anchors.tolist()):
+            if max(gw / aw, aw / gw, gh / ah, ah / gh) >= 4.0:
+                continue
+            for ox, oy in cells:
+                gi = min(max(int(gx - ox), 0), nx - 1)
+                gj = min(max(int(gy - oy), 0), ny - 1)
+                out.append((t, a, gj, gi))
+    return sorted(out)
+
+
+def test_vectorised_assignment_equals_the_rules_on_random_targets(model_n3):
+    criterion = YoloLoss(model_n3, HYP)
+    torch.manual_seed(1)
+    n = 60
+    xy = torch.rand(n, 2)
+    xy[:5] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5], [0.999, 0.001], [0.0625, 0.9375]])
+    targets = torch.cat((torch.zeros(n, 1), torch.randint(0, 3, (n, 1)).float(), xy, torch.rand(n, 2) * 0.6 + 0.01), 1)
+    for level, (ny, nx) in enumerate([(8, 12), (4, 6), (2, 3)]):
+        cand = criterion._candidates(targets, level, ny, nx)
+        got = sorted(
+            (t, a, j, i)
+            for t, a, j, i, v in zip(
+                (torch.arange(len(cand["valid"])) % n).tolist(), cand["a"].tolist(), cand["gj"].tolist(),
+                cand["gi"].tolist(), cand["valid"].tolist(),
+            )
+            if v
+        )
+        assert got == _assignment_by_rules(targets, criterion.anchors[level], ny, nx)

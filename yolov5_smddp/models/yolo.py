@@ -68,6 +68,7 @@ class _Built:
     out_channels: int
     stride: float
     args: tuple[Any, ...]
+    repeats: int = 1  # the repeats the module holds inside (C3's bottlenecks)
 
 
 def _is_int(value: Any) -> bool:
@@ -100,7 +101,7 @@ def _build_c3(inp: _BlockInput) -> _Built:
     if not isinstance(shortcut, bool):
         raise ConfigError(f"{inp.where}: shortcut must be true or false, got {shortcut!r}")
     args = (inp.channels[0], inp.width(inp.args[0]), inp.repeats, shortcut)
-    return _Built(C3(*args), args[1], inp.strides[0], args)
+    return _Built(C3(*args), args[1], inp.strides[0], args, repeats=inp.repeats)
 
 
 def _build_sppf(inp: _BlockInput) -> _Built:
@@ -241,7 +242,7 @@ def _build_layers(config: dict) -> list[tuple[LayerSpec, nn.Module]]:
             )
         )
         spec = LayerSpec(
-            index=index, sources=sources, repeats=result.args[2] if block == "C3" else 1, block=block,
+            index=index, sources=sources, repeats=result.repeats, block=block,
             args=result.args, out_channels=result.out_channels, stride=result.stride,
         )
         built.append((spec, result.module))
