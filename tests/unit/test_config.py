@@ -1,0 +1,84 @@
+import pytest
+
+from yolov5_smddp.config import TrainConfig, load_hyp, parse_train_args, plan_batch, resolve_output_dirs
+from yolov5_smddp.errors import ConfigError
+
+
+def test_both_spellings_and_bool_forms():
+    c = parse_train_args(["--batch_size", "32", "--cos-lr", "--rect", "false", "--sync_bn", "True", "--epochs", "3"])
+    assert c.batch_size == 32 and c.cos_lr is True and c.rect is False and c.sync_bn is True and c.epochs == 3
+    assert parse_train_args(["--multi-scale", "1"]).multi_scale is True
+    assert parse_train_args(["--channels_last=0"]).channels_last is False
+
+
+def test_defaults_are_the_release_recipe():
+    c = parse_train_args([])
+    assert (c.epochs, c.imgsz, c.optimizer, c.patience, c.hyp, c.amp, c.backend) == (
+        100, 640, "SGD", 100, "scratch-low", "auto", "auto")
+
+
+def test_json_ish_values():
+    c = parse_train_args(["--freeze", "[0, 1, 2]", "--hyp-override", '{"lr0": 0.02}', "--data", '"d.yaml"'])
+    assert c.freeze == [0, 1, 2] and c.hyp_overrides == {"lr0": 0.02} and c.data == "d.yaml"
+    assert parse_train_args(["--freeze", "10"]).freeze == list(range(10))
+    assert parse_train_args(["--hyp-override", "lr0=0.02,mosaic=0"]).hyp_overrides == {"lr0": 0.02, "mosaic": 0.0}
+    assert parse_train_args(["--optimizer", "adamw"]).optimizer == "AdamW"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--imgsz", "100"], "--imgsz"),
+        (["--amp", "fp8"], "--amp"),
+        (["--no-such-option", "1"], "--no-such-option"),
+        (["--rect", "maybe"], "--rect"),
+        (["--hyp-override", "lr0=5"], "lr0"),
+        (["--hyp-override", "warp=1"], "warp"),
+        (["--cache", "disk"], "--cache"),
+        (["--log-every", "0"], "--log-every"),
+    ],
+)
+def test_bad_values_name_the_option(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_train_args(argv)
+
+
+def test_batch_plan():
+    plan = plan_batch(64, None, 8)
+    assert (plan.global_batch, plan.per_rank) == (64, 8)
+    p = plan_batch(None, 16, 4)
+    assert (p.global_batch, p.per_rank) == (64, 16)
+    assert plan_batch(None, None, 1).global_batch == 16
+    with pytest.raises(ConfigError, match="divisible by the world size 3"):
+        plan_batch(16, None, 3)
+    with pytest.raises(ConfigError, match="contradicts"):
+        plan_batch(32, 16, 4)
+
+
+def test_hyp_files_and_overrides(tmp_path):
+    low, high = load_hyp("scratch-low"), load_hyp("hyp.scratch-high.yaml")
+    assert low["lr0"] == 0.01 and low["lrf"] == 0.01 and low["box"] == 0.05 and low["warmup_bias_lr"] == 0.1
+    assert (high["lrf"], high["cls"], high["obj"], high["scale"], high["mixup"], high["copy_paste"]) == (
+        0.1, 0.3, 0.7, 0.9, 0.1, 0.1)
+    assert load_hyp("scratch-low", {"mosaic": 0.0})["mosaic"] == 0.0
+    custom = tmp_path / "h.yaml"
+    custom.write_text("lr0: 0.02\n")
+    assert load_hyp(str(custom))["lr0"] == 0.02 and load_hyp(str(custom))["momentum"] == 0.937
+    custom.write_text("lr0: 0.02\nbogus: 1\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        load_hyp(str(custom))
+    custom.write_text("fliplr: 1.5\n")
+    with pytest.raises(ConfigError, match="fliplr"):
+        load_hyp(str(custom))
+    with pytest.raises(ConfigError, match="--hyp"):
+        load_hyp("scratch-medium")
+
+
+def test_config_is_kw_only_and_serialisable(tmp_path):
+    with pytest.raises(TypeError):
+        TrainConfig("data.yaml")  # type: ignore[misc]
+    d = TrainConfig(epochs=2).to_dict()
+    assert d["epochs"] == 2 and d["freeze"] == []
+    dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path)
+    assert str(dirs["model_dir"]) == "/m" and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"

@@ -1,0 +1,80 @@
+import pytest
+
+from yolov5_smddp import distributed
+from yolov5_smddp.distributed import choose_backend, detect_dist_info
+from yolov5_smddp.errors import ConfigError
+
+
+def test_single_process_without_launcher():
+    info = detect_dist_info({})
+    assert (info.rank, info.world_size, info.launcher, info.distributed) == (0, 1, "none", False)
+
+
+def test_torchrun_variables():
+    env = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+           "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    info = detect_dist_info(env)
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size, info.node_rank) == (5, 1, 16, 4, 1)
+    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == ("algo-1", 29500, "torchrun", True)
+
+
+def test_open_mpi_variables_with_default_master_callback():
+    env = {"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMPI_COMM_WORLD_NODE_RANK": "1"}
+    info = detect_dist_info(env, default_master=lambda: "algo-1")
+    assert (info.rank, info.local_rank, info.world_size, info.node_rank) == (9, 1, 16, 1)
+    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == ("algo-1", 7777, "mpirun", False)
+    assert detect_dist_info({**env, "MASTER_ADDR": "10.0.0.2"}, default_master="algo-1").master_addr == "10.0.0.2"
+
+
+def test_multi_node_mpi_without_master_is_an_error():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}
+    with pytest.raises(ConfigError, match="MASTER_ADDR"):
+        detect_dist_info(env)
+    single_node = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert detect_dist_info(single_node).master_addr == "127.0.0.1"
+
+
+def test_bad_values():
+    with pytest.raises(ConfigError, match="RANK"):
+        detect_dist_info({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="inconsistent"):
+        detect_dist_info({"RANK": "2", "WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize(
+    "requested, cuda, smddp, expected",
+    [("auto", True, True, "smddp"), ("auto", True, False, "nccl"), ("auto", False, True, "gloo"),
+     ("auto", False, False, "gloo"), ("smddp", False, True, "smddp"), ("gloo", True, True, "gloo"),
+     ("nccl", True, False, "nccl")],
+)
+def test_choose_backend(requested, cuda, smddp, expected):
+    assert choose_backend(requested, cuda, smddp) == expected
+
+
+def test_missing_smddp_names_the_images():
+    with pytest.raises(ConfigError, match="2.5.1.*2.4.0.*2.3.0"):
+        choose_backend("smddp", True, False)
+    with pytest.raises(ConfigError, match="CUDA"):
+        choose_backend("nccl", False, False)
+
+
+def test_single_process_helpers_are_no_ops():
+    import torch
+
+    info = detect_dist_info({})
+    device = distributed.init(info, "gloo", 10)
+    assert device.type == "cpu" and distributed.is_main() and distributed.world_size() == 1
+    t = torch.tensor([3.0])
+    assert distributed.all_reduce_mean(t).item() == 3.0
+    assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+    distributed.barrier()
+    distributed.destroy()
+
+
+def test_smddp_absent_here():
+    # The stand-in is only on PYTHONPATH for the integration tests that ask for it.
+    import importlib.util
+
+    if importlib.util.find_spec("smdistributed") is None:
+        assert distributed.smddp_importable() is False

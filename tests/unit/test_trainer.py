@@ -1,0 +1,137 @@
+import math
+
+import pytest
+import torch
+
+from yolov5_smddp.config import load_hyp
+from yolov5_smddp.ema import ModelEMA
+from yolov5_smddp.engine import (
+    AmpPolicy,
+    NonFiniteLossError,
+    StepSettings,
+    TrainStep,
+    apply_settings,
+    lr_factor,
+    resolve_amp,
+    step_settings,
+    train_one_epoch,
+)
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.models.yolo import build_model
+from yolov5_smddp.trainer import accumulation, build_optimizer, freeze_layers
+
+HYP = load_hyp("scratch-low")
+
+
+def test_lr_factor_linear_and_cosine():
+    assert lr_factor(0, 10, 0.01, False) == 1.0
+    assert lr_factor(5, 10, 0.01, False) == pytest.approx(0.505)
+    assert lr_factor(10, 10, 0.01, False) == pytest.approx(0.01)
+    assert lr_factor(0, 10, 0.1, True) == pytest.approx(1.0)
+    assert lr_factor(5, 10, 0.1, True) == pytest.approx(0.55)
+    assert lr_factor(10, 10, 0.1, True) == pytest.approx(0.1)
+
+
+def test_warmup_interpolation_exact_values():
+    kw = {"epochs": 10, "warmup_iters": 100, "hyp": HYP, "cosine": False, "nominal_accumulate": 4}
+    s0 = step_settings(0, 0, **kw)
+    assert s0.lrs == {"bias": 0.1, "weight": 0.0, "norm": 0.0} and s0.momentum == 0.8 and s0.accumulate == 1
+    s50 = step_settings(50, 0, **kw)
+    assert s50.lrs["bias"] == pytest.approx(0.1 + 0.5 * (0.01 - 0.1))
+    assert s50.lrs["weight"] == pytest.approx(0.005)
+    assert s50.momentum == pytest.approx(0.8 + 0.5 * 0.137) and s50.accumulate == 2  # round(2.5) = 2
+    after = step_settings(100, 3, **kw)
+    assert after.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.3) * 0.99 + 0.01))
+    assert after.lrs["bias"] == after.lrs["weight"] and after.momentum == 0.937 and after.accumulate == 4
+
+
+def test_nominal_batch_accumulation():
+    assert [accumulation(b) for b in (16, 32, 64, 128, 24)] == [4, 2, 1, 1, 3]
+
+
+def test_optimizer_groups_and_freeze():
+    model = build_model("yolov5n", nc=2)
+    assert freeze_layers(model, [0]) == 3  # conv weight, bn weight, bn bias of layer 0
+    opt = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert groups["weight"]["weight_decay"] == 5e-4 and groups["bias"]["weight_decay"] == 0.0
+    assert groups["norm"]["weight_decay"] == 0.0 and opt.defaults["nesterov"] is True
+    n_bn = sum(1 for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)) - 1  # layer 0 frozen
+    assert len(groups["norm"]["params"]) == n_bn
+    assert all(p.ndim == 4 for p in groups["weight"]["params"])
+    assert all(p.ndim == 1 for p in groups["bias"]["params"])
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert sum(len(g["params"]) for g in opt.param_groups) == trainable
+    apply_settings(opt, StepSettings({"bias": 0.1, "weight": 0.02, "norm": 0.03}, 0.85, 1))
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.02, 0.03] and opt.param_groups[0]["momentum"] == 0.85
+    adam = build_optimizer(model, "AdamW", 0.001, 0.937, 5e-4)
+    apply_settings(adam, StepSettings({"bias": 0.1, "weight": 0.02, "norm": 0.03}, 0.85, 1))
+    assert adam.param_groups[1]["betas"] == (0.85, 0.999)
+
+
+def test_amp_resolution():
+    assert resolve_amp("auto", "cpu", False).mode == "off"
+    assert resolve_amp("auto", "cuda", True).mode == "bf16"
+    assert resolve_amp("auto", "cuda", False).mode == "fp16"
+    assert resolve_amp("bf16", "cpu", False).dtype == torch.bfloat16
+    assert resolve_amp("fp16", "cuda", True).dtype == torch.float16
+    assert not resolve_amp("bf16", "cuda", True).make_scaler().is_enabled()
+    assert not resolve_amp("off", "cpu", False).make_scaler().is_enabled()
+    with pytest.raises(ConfigError, match="--amp fp16"):
+        resolve_amp("fp16", "cpu", False)
+
+
+def test_ema_decay_and_float_buffers():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    ema = ModelEMA(model)
+    assert ema.current_decay() == 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+        model[1].running_mean.fill_(4.0)
+    ema.update(model)
+    d = 0.9999 * (1 - math.exp(-1 / 2000))
+    assert ema.updates == 1
+    assert torch.allclose(ema.module[1].running_mean, torch.full((2,), 4.0 * (1 - d)))
+    assert torch.allclose(ema.module[0].bias, d * (model[0].bias - 1) + (1 - d) * model[0].bias)
+    assert ema.module[1].num_batches_tracked == model[1].num_batches_tracked
+
+
+def _tiny_step(inject=None):
+    torch.manual_seed(0)
+    model = build_model("yolov5n", nc=2)
+    criterion = YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64))
+    opt = build_optimizer(model, "SGD", 0.01, 0.9, 0.0)
+    amp = AmpPolicy("off", "cpu")
+    return model, TrainStep(model, criterion, opt, amp.make_scaler(), ModelEMA(model), amp, torch.device("cpu"),
+                            inject_nonfinite_step=inject)
+
+
+def _batches(n):
+    g = torch.Generator().manual_seed(0)
+    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.4]])
+    return [(torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), ()) for _ in range(n)]
+
+
+def _epoch(step, n, max_nonfinite=2, log_every=1):
+    return train_one_epoch(step, _batches(n), epoch=0, first_iteration=0, last_optimizer_iteration=-1,
+                           settings_for=lambda it: StepSettings({"bias": 0.01, "weight": 0.01, "norm": 0.01}, 0.9, 2),
+                           log_every=log_every, max_nonfinite_steps=max_nonfinite, imgsz=64, multi_scale=False,
+                           stop_requested=lambda: False, main=False, world_size=1)
+
+
+def test_epoch_accumulates_and_updates_ema():
+    model, step = _tiny_step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = _epoch(step, 4)
+    assert result.iterations == 4 and result.last_optimizer_iteration == 3 and step.ema.updates == 2
+    assert all(math.isfinite(v) and v > 0 for v in result.losses)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_non_finite_loss_stops_the_run_with_a_clear_message():
+    model, step = _tiny_step(inject=0)
+    with pytest.raises(NonFiniteLossError, match="non-finite"):
+        _epoch(step, 6)
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # no NaN reached the weights
