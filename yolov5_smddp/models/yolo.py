@@ -199,8 +199,9 @@ def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...]:
 
 
 def resolve_layers(config: dict) -> list[LayerSpec]:
-    """Scale and wire the config's layers without building modules (pure; used by `info`)."""
-    return [spec for spec, _ in _build_layers(config)]
+    """The config's layers, scaled and wired (their modules are built on the meta device and dropped)."""
+    with torch.device("meta"):
+        return [spec for spec, _ in _build_layers(config)]
 
 
 def _build_layers(config: dict) -> list[tuple[LayerSpec, nn.Module]]:
