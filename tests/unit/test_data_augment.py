@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from yolov5_smddp.boxes import scale_boxes
-from yolov5_smddp.data.augment import AugmentParams, box_candidates, random_affine_matrix, transform_boxes
+from yolov5_smddp.data.augment import (
+    AugmentParams,
+    _paste_warped,
+    augment_hsv_to_rgb,
+    box_candidates,
+    random_affine_matrix,
+    transform_boxes,
+)
 from yolov5_smddp.data.dataset import YoloDataset, rect_batch_shapes
 from yolov5_smddp.data.labels import build_label_index
 
@@ -130,3 +137,27 @@ def test_identity_affine_and_box_transform():
     np.testing.assert_allclose(
         transform_boxes(np.array([[10.0, 20.0, 30.0, 25.0]]), rot, (100, 100)), [[25, 10, 30, 30]]
     )
+
+
+def test_hsv_jitter_exact_values_and_rgb_order():
+    bgr = np.zeros((4, 4, 3), np.uint8)
+    bgr[..., 0], bgr[..., 2] = 200, 10  # blue-ish in BGR
+    plain = augment_hsv_to_rgb(bgr, AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0), np.random.default_rng(0))
+    assert plain[0, 0].tolist() == [10, 0, 200]  # channels are now RGB
+    grey = np.full((4, 4, 3), 100, np.uint8)
+    gain = np.random.default_rng(7).uniform(-1, 1, 3)[2] * 0.4 + 1
+    out = augment_hsv_to_rgb(grey, AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0.4), np.random.default_rng(7))
+    assert (out == int(np.clip(np.float32(100) * np.float32(gain), 0, 255))).all()
+
+
+def test_scaled_paste_matches_the_warp():
+    rng = np.random.default_rng(0)
+    crop = cv2.resize(
+        rng.integers(0, 256, (12, 16, 3), dtype=np.uint8), (160, 120), interpolation=cv2.INTER_CUBIC
+    )
+    m = np.array([[0.8, 0.0, -30.3], [0.0, 0.8, 17.6], [0.0, 0.0, 1.0]])
+    fast = np.full((100, 100, 3), 114, np.uint8)
+    _paste_warped(fast, crop, m)
+    exact = cv2.warpAffine(crop, m[:2], (100, 100), borderValue=(114, 114, 114))
+    inner = (slice(20, 95), slice(2, 95))  # away from the one-pixel placement rounding at the edges
+    assert np.abs(fast[inner].astype(int) - exact[inner].astype(int)).mean() < 6

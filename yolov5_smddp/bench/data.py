@@ -34,7 +34,8 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def _pipeline_rate(dataset, iters: int, seed: int = 0) -> float:
+def pipeline_rate(dataset, iters: int, seed: int = 0) -> float:
+    """Samples/s of `dataset[i]` in this process over a shuffled order, after one warm-up sample."""
     import numpy as np
 
     order = np.random.default_rng(seed).permutation(len(dataset))
@@ -46,7 +47,8 @@ def _pipeline_rate(dataset, iters: int, seed: int = 0) -> float:
     return count / (time.perf_counter() - start)
 
 
-def _loader_rate(dataset, *, workers: int, batch_size: int, iters: int) -> float:
+def loader_rate(dataset, *, workers: int, batch_size: int, iters: int) -> float:
+    """Training-loader samples/s with `workers` workers, after the first batch (worker start-up)."""
     from yolov5_smddp.data.loader import build_dataloader
 
     loader = build_dataloader(
@@ -124,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
         rows = {}
         for partners in ("recent", "random"):
             ds = YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners=partners)
-            rows[f"mosaic_samples_per_s_1proc_{partners}"] = _pipeline_rate(ds, args.iters)
+            rows[f"mosaic_samples_per_s_1proc_{partners}"] = pipeline_rate(ds, args.iters)
         ds = YoloDataset(index, args.imgsz, augment=True, hyp={})
-        rows[f"mosaic_samples_per_s_{args.workers}workers"] = _loader_rate(
+        rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
             ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
         )
 
