@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yolov5_smddp import distributed
-from yolov5_smddp.boxes import xywh_to_xyxy
+from yolov5_smddp.boxes import scale_boxes, xywh_to_xyxy
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.errors import ConfigError, UserError
 from yolov5_smddp.metrics import DetectionMetrics, MetricAccumulator
@@ -309,11 +309,12 @@ def evaluate(
     conf_thres: float = 0.001,
     iou_thres: float = 0.6,
     max_det: int = 300,
-    on_image: Callable[[str, torch.Tensor, tuple], None] | None = None,
+    on_image: Callable[[str, torch.Tensor], None] | None = None,
 ) -> DetectionMetrics:
     """Validate `model` (unwrapped; e.g. the EMA) on `loader` batches (imgs uint8, targets [n, 6], paths,
-    shapes). Matching happens in network-input pixels (IoU is unchanged by the letterbox's uniform
-    scale). `on_image(path, detections [n, 6] xyxy input pixels, shapes)` sees every image's detections.
+    shapes). Detections and ground truth are matched in ORIGINAL image pixels (detections clipped to the
+    image, as COCO-format results are), so the numbers equal pycocotools' on the same detections.
+    `on_image(path, detections [n, 6] (x1, y1, x2, y2 original pixels, score, class))` sees every image.
     """
     model = unwrap(model)
     was_training = model.training
@@ -329,9 +330,11 @@ def evaluate(
         scale = torch.tensor([width, height, width, height], device=device, dtype=torch.float32)
         for i, dets in enumerate(detections):
             mine = targets[targets[:, 0] == i]
-            gt_boxes = xywh_to_xyxy(mine[:, 2:6]) * scale
+            original_hw, ratio_pad = shapes[i]
+            gt_boxes = scale_boxes(xywh_to_xyxy(mine[:, 2:6]) * scale, (height, width), original_hw, ratio_pad)
+            dets = torch.cat([scale_boxes(dets[:, :4], (height, width), original_hw, ratio_pad), dets[:, 4:]], 1)
             acc.update(dets, gt_boxes, mine[:, 1])
             if on_image is not None:
-                on_image(paths[i], dets, shapes[i])
+                on_image(paths[i], dets)
     model.train(was_training)
     return acc.compute()

@@ -1,0 +1,121 @@
+"""`yolov5-smddp val --weights W --data D [--save-json]`: validate weights on a dataset's val split.
+
+Prints one metric line (precision, recall, mAP50, mAP50-95). With --save-json it also writes the
+detections (`predictions.json`) and the ground truth (`ground_truth.json`) in COCO format, in original
+image pixels, and scores them with pycocotools when it is installed (maxDets 300 to match our max_det).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", required=True, help="weights file (ours or the release's .pt)")
+    parser.add_argument("--data", required=True, help="data.yaml")
+    parser.add_argument("--split", default="val", choices=("val", "test", "train"), help="which split to score")
+    parser.add_argument("--imgsz", type=int, default=640, help="inference size in pixels")
+    parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=32)
+    parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
+    parser.add_argument("--iou", type=float, default=0.6, help="NMS IoU threshold")
+    parser.add_argument("--max-det", "--max_det", dest="max_det", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
+    parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16", "auto"))
+    parser.add_argument("--save-json", "--save_json", dest="save_json", action="store_true",
+                        help="write COCO-format JSON and score it with pycocotools")
+    parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/val")
+    parser.add_argument("--cache-dir", "--cache_dir", dest="cache_dir", default=None,
+                        help="label cache folder for read-only datasets")
+
+
+def _coco_ground_truth(index) -> dict:
+    images, annotations = [], []
+    for image_id, (path, (h, w), labels) in enumerate(zip(index.images, index.shapes, index.labels)):
+        images.append({"id": image_id, "file_name": str(path), "height": int(h), "width": int(w)})
+        for cls, xc, yc, bw, bh in labels.tolist():
+            box = [(xc - bw / 2) * w, (yc - bh / 2) * h, bw * w, bh * h]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls),
+                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+    return {"images": images, "annotations": annotations}
+
+
+def _pycocotools_scores(gt_path: Path, dt: list[dict]) -> dict[str, float] | None:
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError:
+        return None
+    gt = COCO(str(gt_path))
+    if not dt:
+        return {"mAP50": 0.0, "mAP50-95": 0.0}
+    evaluator = COCOeval(gt, gt.loadRes(dt), "bbox")
+    evaluator.params.maxDets = [1, 10, 300]
+    evaluator.evaluate()
+    evaluator.accumulate()
+    # precision [T, R, K, A, M] at area "all" and maxDets 300; -1 marks classes without ground truth
+    # (summarize() would read maxDets 100 for its first number)
+    import numpy as np
+
+    precision = evaluator.eval["precision"][:, :, :, 0, -1]
+    per_class = np.where(precision > -1, precision, np.nan).mean(1)  # [T, K]
+    valid = ~np.isnan(per_class[0])
+    if not valid.any():
+        return {"mAP50": 0.0, "mAP50-95": 0.0}
+    return {"mAP50-95": float(per_class[:, valid].mean()), "mAP50": float(per_class[0, valid].mean())}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from yolov5_smddp.data.config import load_data_config
+    from yolov5_smddp.data.dataset import YoloDataset
+    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.loader import build_dataloader
+    from yolov5_smddp.engine import evaluate, resolve_amp
+    from yolov5_smddp.errors import ConfigError
+    from yolov5_smddp.models.weights import load_model
+    from yolov5_smddp.telemetry import emit, metric_line
+
+    if args.imgsz < 32 or args.imgsz % 32:
+        raise ConfigError(f"--imgsz={args.imgsz} must be a multiple of 32")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    amp = resolve_amp(args.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    data = load_data_config(args.data)
+    sources = {"val": data.val, "test": data.test, "train": data.train}[args.split]
+    if not sources:
+        raise ConfigError(f"--split {args.split}: {args.data} has no '{args.split}' entry")
+    index = build_label_index(sources, nc=data.nc, root=data.root,
+                              cache_dir=Path(args.cache_dir) if args.cache_dir else None, workers=args.workers or 1)
+    model = load_model(args.weights, device=device).eval()
+    if model.nc != data.nc:
+        raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
+    dataset = YoloDataset(index, args.imgsz, augment=False, hyp=None, rect=True, batch_size=args.batch_size,
+                          stride=int(model.stride.max()), pad=0.5)
+    loader = build_dataloader(dataset, batch_size=args.batch_size, rank=0, world_size=1, workers=args.workers,
+                              shuffle=False, seed=0, drop_last=False)
+    image_ids = {str(p): i for i, p in enumerate(index.images)}
+    detections_json: list[dict] = []
+
+    def collect(path: str, dets) -> None:
+        for (x1, y1, x2, y2), score, cls in zip(dets[:, :4].tolist(), dets[:, 4].tolist(), dets[:, 5].tolist()):
+            detections_json.append({"image_id": image_ids[path], "category_id": int(cls),
+                                    "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score})
+
+    metrics = evaluate(model, loader, device=device, amp=amp, conf_thres=args.conf, iou_thres=args.iou,
+                       max_det=args.max_det, on_image=collect if args.save_json else None)
+    emit(metric_line(images=metrics.num_images, targets=metrics.num_targets, **metrics.to_dict()), main=True)
+    if args.save_json:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        gt_path = out / "ground_truth.json"
+        gt = _coco_ground_truth(index)
+        gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(data.names)]
+        gt_path.write_text(json.dumps(gt), encoding="utf-8")
+        (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")
+        scores = _pycocotools_scores(gt_path, detections_json)
+        if scores is not None:
+            emit(metric_line(pycocotools=1, **scores), main=True)
+    return 0
