@@ -161,3 +161,18 @@ def test_scaled_paste_matches_the_warp():
     exact = cv2.warpAffine(crop, m[:2], (100, 100), borderValue=(114, 114, 114))
     inner = (slice(20, 95), slice(2, 95))  # away from the one-pixel placement rounding at the edges
     assert np.abs(fast[inner].astype(int) - exact[inner].astype(int)).mean() < 6
+
+
+def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):
+    img = np.zeros((300, 400, 3), np.uint8)
+    img[60:200, 100:260] = COLOURS[1][::-1]
+    (tmp_path / "images").mkdir()
+    cv2.imwrite(str(tmp_path / "images" / "big.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "big.txt").write_text(f"1 {180 / 400} {130 / 300} {160 / 400} {140 / 300}\n")
+    index = build_label_index([tmp_path / "images"], nc=4, root=tmp_path, cache_dir=tmp_path / "c", workers=1)
+    ds = YoloDataset(index, 96, augment=False, hyp=None)  # 400 px >= 4 x 96: a 1/4-scale JPEG decode
+    out, targets, _path, ((h0, w0), ((gain_h, gain_w), pad)) = ds[0]
+    assert out.shape == (3, 96, 96) and (h0, w0) == (300, 400)
+    assert gain_w == pytest.approx(96 / 400) and gain_h == pytest.approx(72 / 300) and pad == (0.0, 12.0)
+    assert _check_enclosed(out, targets) == 1

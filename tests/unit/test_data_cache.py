@@ -185,3 +185,17 @@ def test_strict_policy_makes_a_stale_cache_fatal(tmp_path):
     (tmp_path / "labels" / "train" / "0.txt").write_text("1 0.5 0.5 0.25 0.25\n")
     with pytest.raises(DataError, match=f"strict cache policy: label cache {built.cache_path} is stale"):
         _index(tmp_path, cache_policy="strict")
+
+
+def test_concurrent_writers_leave_one_complete_cache(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from yolov5_smddp.data.cache import load_cache, save_cache
+
+    tables = [_table([f"{i}.jpg" for i in range(50)], list(range(50)), [str(k)] * 50) for k in range(8)]
+    target = tmp_path / "x.labelcache.npz"
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda t: save_cache(target, t, root=tmp_path), tables))
+    loaded = load_cache(target)
+    assert loaded.images == tables[0].images and len(set(loaded.label_hashes)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["x.labelcache.npz"]  # no temporary files left
