@@ -122,7 +122,7 @@ class TrainStep:
                 loss, items = self.criterion(preds, targets.to(self.device, non_blocking=True))
             loss = loss.float() * self.loss_multiplier
             if self.inject_nonfinite_step is not None and self.micro_steps >= self.inject_nonfinite_step:
-                loss = loss * float("nan")  # test hook: a diverged loss
+                loss, items = loss * float("nan"), items * float("nan")  # test hook: a diverged loss
             self.scaler.scale(loss).sum().backward()
         self.micro_steps += 1
         return items.detach()
