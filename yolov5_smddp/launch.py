@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from yolov5_smddp.errors import ConfigError
 
 DEFAULT_MASTER_PORT = 7777
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: the trainer wrote a checkpoint and stopped
 MODES = ("torchrun", "mpirun", "single", "elastic")
 
 
@@ -137,14 +138,19 @@ class WorkerFailed(RuntimeError):
         self.exitcode = exitcode
 
 
-def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> None:
-    """Start this host's workers and wait for all of them; raises WorkerFailed naming the first failure."""
+def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> int:
+    """Start this host's workers and wait for all of them. Returns 0, or EXIT_INTERRUPTED when SIGTERM
+    stopped them (the agent passes it on; the trainer checkpoints); raises WorkerFailed naming the first
+    failed worker."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     program, args = worker_command(train_args)
     try:
         elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
+    except SignalException:
+        return EXIT_INTERRUPTED
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         message = failure.message
@@ -155,6 +161,7 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
             detail = "see the worker's error in the log above"
         raise WorkerFailed(f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
                            f"{failure.exitcode}: {detail}", failure.exitcode) from exc
+    return 0
 
 
 def _worker_main(argv: Sequence[str]) -> int:

@@ -489,9 +489,12 @@ def run_job(env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], e
         from yolov5_smddp.commands.train import main as train_main
 
         code = int(train_main(worker_args) or 0)
-        if code != 0:
-            raise launch.WorkerFailed(f"training exited with code {code}; its error is in the log above", code)
-        return 0
-    run_id = environ.get("TRAINING_JOB_NAME") or "yolov5-smddp"
-    launch.run_elastic(plan, worker_args, run_id=run_id)
+    else:
+        code = launch.run_elastic(plan, worker_args, run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp")
+    if code == launch.EXIT_INTERRUPTED:
+        raise launch.WorkerFailed(f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
+                                  f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
+                                  "same checkpoint folder resumes from it", code)
+    if code != 0:
+        raise launch.WorkerFailed(f"training exited with code {code}; its error is in the log above", code)
     return 0

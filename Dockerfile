@@ -1,0 +1,43 @@
+# yolov5-smddp training image: the AWS PyTorch training DLC (SMDDP, the SageMaker toolkit, torch,
+# torchvision, OpenCV) plus this package. Only our package is installed (--no-deps): never a second torch or
+# OpenCV over the base image's. Any image with python3, torch, torchvision, cv2 and yaml works as a base
+# (then NCCL/Gloo instead of SMDDP), e.g. the local stand-in: `./build.sh build --base local`.
+ARG REGION=us-west-2
+ARG BASE_IMAGE=763104351884.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+FROM ${BASE_IMAGE}
+
+# Static settings first (cached). SAGEMAKER_PROGRAM is looked up in /opt/ml/code; the ENTRYPOINT is a thin
+# layer in front of the base image's own (docker/entry.py: a local config for plain `docker run IMAGE
+# train`, signal forwarding) that leaves the toolkit path as it is.
+ENV SAGEMAKER_PROGRAM=entrypoint.py PATH=/opt/ml/code:${PATH} PYTHONUNBUFFERED=1
+ENTRYPOINT ["python3", "/usr/local/bin/yolov5-smddp-entry"]
+CMD ["train"]
+
+# The base must already carry everything we import; fail the build here, not in a training job.
+RUN python3 -c "import torch, torchvision, cv2, yaml, numpy; \
+print('base image: torch', torch.__version__, 'torchvision', torchvision.__version__, 'cv2', cv2.__version__, \
+'yaml', yaml.__version__, 'numpy', numpy.__version__)"
+
+# Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
+COPY pyproject.toml LICENSE README.md /opt/yolov5-smddp/
+COPY entrypoint.py docker/entry.py /opt/yolov5-smddp/
+COPY yolov5_smddp /opt/yolov5-smddp/yolov5_smddp
+RUN cd /opt/yolov5-smddp \
+    && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-deps --no-build-isolation --no-cache-dir \
+        --disable-pip-version-check --root-user-action=ignore . \
+    && rm -rf build yolov5_smddp.egg-info \
+    && install -D -m 0644 entrypoint.py /opt/ml/code/entrypoint.py \
+    && install -m 0755 entry.py /usr/local/bin/yolov5-smddp-entry \
+    && cd / && python3 -c "import yolov5_smddp.sagemaker, yolov5_smddp.launch; print('yolov5_smddp', yolov5_smddp.__version__)" \
+    && yolov5-smddp --help >/dev/null
+
+# Labels last: a new revision changes only this metadata step.
+ARG BASE_IMAGE
+ARG VERSION=0.0.0
+ARG GIT_REVISION=unknown
+LABEL org.opencontainers.image.title="yolov5-smddp" \
+      org.opencontainers.image.description="YOLOv5 training for Amazon SageMaker (SMDDP / NCCL / Gloo)" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${GIT_REVISION}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"

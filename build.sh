@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Build, test, run and push the yolov5-smddp training image. Run `./build.sh help` for the commands.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+usage() {
+    cat <<'EOF'
+usage: ./build.sh COMMAND [options]
+
+commands:
+  build [--base local|dlc|IMAGE] [--region R]
+        Build the training image and print its tag (last line of stdout): yolov5-smddp:<version>-<git sha>,
+        with -standin appended on the local base. --base dlc (default) is the AWS PyTorch DLC with SMDDP
+        (763104351884.dkr.ecr.R.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker;
+        needs the aws CLI and credentials); --base local is the stand-in built from Debian packages (CPU,
+        Gloo, the real SageMaker toolkit; no AWS needed); any other value is used as the base image.
+  push [--registry HOST | --account ID] [--region R] [--repo NAME] [--image TAG]
+        Tag and push an image (default: the latest `build` of this checkout on the DLC base). For an ECR
+        registry (the default: <account>.dkr.ecr.<region>.amazonaws.com) it logs in with the aws CLI and
+        creates the repository if missing; for any other registry (e.g. 127.0.0.1:5000) it only tags and
+        pushes. Prints the pushed reference on the last line.
+  local-base
+        Build the local DLC stand-in (cached by content hash) and print its tag.
+  test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
+        image, then the container tests (pytest -m docker) from this host in a virtualenv. Needs only
+        Docker and python3.
+  run [train options]
+        Build on the local base and run the main job: `docker run IMAGE train [options]` with the outputs in
+        ./runs/container/ (model/, output/, checkpoints/). Uses --gpus all when nvidia-smi works.
+  help  This text.
+
+environment: IMAGE_NAME (yolov5-smddp), AWS_REGION / REGION, AWS_ACCOUNT_ID, ECR_REPOSITORY, REGISTRY,
+             BASE (for build/run/test: local|dlc|IMAGE), DOCKER_BUILD_ARGS (extra `docker build` words).
+EOF
+}
+
+die() { echo "error: $*" >&2; exit 1; }
+need_docker() {
+    command -v docker >/dev/null || die "docker is not installed (https://docs.docker.com/engine/install/)"
+    docker info >/dev/null 2>&1 || die "the Docker engine is not running or not reachable (try: sudo systemctl start docker)"
+}
+need_aws() { command -v aws >/dev/null || die "the aws CLI is needed for $1 (pip install awscli, then aws configure)"; }
+
+IMAGE_NAME="${IMAGE_NAME:-yolov5-smddp}"
+REGION="${AWS_REGION:-${REGION:-us-west-2}}"
+DLC_ACCOUNT=763104351884
+DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+
+version() { sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1; }
+git_sha() { git rev-parse --short=12 HEAD 2>/dev/null || echo nogit; }
+is_ecr() { [[ "$1" =~ ^[0-9]{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$ ]]; }
+registry_of() { local ref="$1"; [[ "$ref" == */* ]] && echo "${ref%%/*}" || echo ""; }
+
+ecr_login() {  # ecr_login REGISTRY REGION
+    need_aws "logging in to $1"
+    echo "logging in to $1" >&2
+    aws ecr get-login-password --region "$2" | docker login --username AWS --password-stdin "$1" >&2
+}
+
+image_tag() {  # image_tag BASE_KIND
+    local suffix=""
+    [[ "$1" == local ]] && suffix="-standin"
+    echo "${IMAGE_NAME}:$(version)-$(git_sha)${suffix}"
+}
+
+cmd_local_base() { need_docker; bash "$here/docker/standin/build.sh" | tail -n 1; }
+
+cmd_build() {
+    local base="${BASE:-dlc}"
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --base) base="${2:?--base needs a value}"; shift 2 ;;
+            --region) REGION="${2:?--region needs a value}"; shift 2 ;;
+            *) die "build: unknown option $1 (see ./build.sh help)" ;;
+        esac
+    done
+    need_docker
+    local base_image kind
+    case "$base" in
+        local) base_image="$(cmd_local_base)"; kind=local ;;
+        dlc) base_image="${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${DLC_TAG}"; kind=dlc ;;
+        *) base_image="$base"; kind=custom ;;
+    esac
+    local base_registry; base_registry="$(registry_of "$base_image")"
+    if is_ecr "$base_registry" && ! docker image inspect "$base_image" >/dev/null 2>&1; then
+        ecr_login "$base_registry" "$REGION"
+    fi
+    local tag; tag="$(image_tag "$kind")"
+    echo "building $tag on $base_image" >&2
+    # shellcheck disable=SC2086 # DOCKER_BUILD_ARGS is a list of words on purpose
+    docker build ${DOCKER_BUILD_ARGS:-} \
+        --build-arg "BASE_IMAGE=$base_image" --build-arg "REGION=$REGION" \
+        --build-arg "VERSION=$(version)" --build-arg "GIT_REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+        -t "$tag" -t "${IMAGE_NAME}:latest-${kind}" -f Dockerfile . >&2
+    echo "$tag"
+}
+
+cmd_push() {
+    local registry="${REGISTRY:-}" account="${AWS_ACCOUNT_ID:-}" repo="${ECR_REPOSITORY:-$IMAGE_NAME}" image=""
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --registry) registry="${2:?--registry needs a value}"; shift 2 ;;
+            --account) account="${2:?--account needs a value}"; shift 2 ;;
+            --region) REGION="${2:?--region needs a value}"; shift 2 ;;
+            --repo) repo="${2:?--repo needs a value}"; shift 2 ;;
+            --image) image="${2:?--image needs a value}"; shift 2 ;;
+            *) die "push: unknown option $1 (see ./build.sh help)" ;;
+        esac
+    done
+    need_docker
+    if [[ -z "$registry" ]]; then
+        if [[ -z "$account" ]]; then
+            need_aws "finding the AWS account (or pass --account / --registry)"
+            account="$(aws sts get-caller-identity --query Account --output text)"
+        fi
+        registry="${account}.dkr.ecr.${REGION}.amazonaws.com"
+    fi
+    image="${image:-$(image_tag dlc)}"
+    docker image inspect "$image" >/dev/null 2>&1 || die "image $image not found: run ./build.sh build first (or pass --image)"
+    local base_label
+    base_label="$(docker image inspect -f '{{ index .Config.Labels "org.opencontainers.image.base.name" }}' "$image")"
+    if [[ "$base_label" == yolov5-smddp-standin:* ]]; then
+        echo "warning: $image is built on the local stand-in ($base_label): no CUDA, no SMDDP. For SageMaker build with --base dlc." >&2
+    fi
+    if is_ecr "$registry"; then
+        ecr_login "$DLC_ACCOUNT.dkr.ecr.${REGION}.amazonaws.com" "$REGION"
+        ecr_login "$registry" "$REGION"
+        if ! aws ecr describe-repositories --region "$REGION" --repository-names "$repo" >/dev/null 2>&1; then
+            echo "creating ECR repository $repo" >&2
+            aws ecr create-repository --region "$REGION" --repository-name "$repo" \
+                --image-scanning-configuration scanOnPush=true >/dev/null
+        fi
+    fi
+    local target="${registry}/${repo}:${image##*:}"
+    docker tag "$image" "$target"
+    echo "pushing $target" >&2
+    docker push "$target" >&2
+    echo "$target"
+}
+
+cmd_run() {
+    local tag out gpus=()
+    tag="$(BASE="${BASE:-local}" cmd_build)"
+    out="$here/runs/container"
+    mkdir -p "$out/model" "$out/output" "$out/checkpoints"
+    if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then gpus=(--gpus all); fi
+    echo "running $tag train $*; outputs in $out" >&2
+    docker run --rm "${gpus[@]}" --shm-size 2g \
+        -v "$out/model:/opt/ml/model" -v "$out/output:/opt/ml/output" -v "$out/checkpoints:/opt/ml/checkpoints" \
+        "$tag" train "$@"
+}
+
+run_pytest() {  # run_pytest WHAT COMMAND...: pytest's exit 5 (no tests collected) is a failure too
+    local what="$1"; shift
+    local rc=0
+    "$@" || rc=$?
+    if [[ $rc -eq 5 ]]; then die "$what: pytest collected no tests"; fi
+    [[ $rc -eq 0 ]] || die "$what failed (exit $rc)"
+}
+
+cmd_test() {
+    need_docker
+    command -v python3 >/dev/null || die "python3 is needed for the container tests"
+    local start=$SECONDS standin image test_image
+    standin="$(cmd_local_base)"
+    image="$(cmd_build --base local)"
+    test_image="${IMAGE_NAME}-test:$(version)-$(git_sha)"
+    echo "== test image $test_image" >&2
+    docker build --build-arg "BASE_IMAGE=$image" -t "$test_image" -f docker/test.Dockerfile docker >&2
+
+    echo "== ruff + unit/integration tests inside $test_image" >&2
+    docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
+        ruff check --no-cache . || die "ruff check failed"
+    run_pytest "unit/integration tests" docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 \
+        "$test_image" python3 -m pytest -p no:cacheprovider -q -m "not docker" tests
+
+    echo "== container tests (pytest -m docker) from the host" >&2
+    local venv="${TEST_VENV:-$here/.venv}"
+    if [[ ! -x "$venv/bin/python" ]]; then
+        python3 -m venv "$venv" || die "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)"
+    fi
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7" "pyyaml>=6" \
+        || die "pip install pytest pyyaml failed"
+    run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
+        "$venv/bin/python" -m pytest -p no:cacheprovider -q -m docker tests/docker
+    echo "== all tests passed in $((SECONDS - start)) s" >&2
+}
+
+main() {
+    local command="${1:-help}"
+    [[ $# -gt 0 ]] && shift
+    case "$command" in
+        build) cmd_build "$@" ;;
+        push) cmd_push "$@" ;;
+        local-base) cmd_local_base ;;
+        test) cmd_test "$@" ;;
+        run) cmd_run "$@" ;;
+        help|-h|--help) usage ;;
+        *) usage >&2; die "unknown command $command" ;;
+    esac
+}
+
+main "$@"

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""The image's ENTRYPOINT: a thin layer in front of the base image's own entrypoint.
+
+- `train` with no SageMaker config mounted (plain `docker run IMAGE train [--epochs 3 ...]`): writes a
+  single-host /opt/ml/input/config (resourceconfig, hyperparameters from the arguments, inputdataconfig for
+  the folders mounted under /opt/ml/input/data), so that the real toolkit's `train` runs the job instead of
+  exiting 0 having done nothing.
+- `train` with a config present (SageMaker, local mode, a mounted tree): nothing is written or changed.
+- Either way the base image's entrypoint then runs the command exactly as it would without this layer.
+
+As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, `docker stop`) on to every
+process in the container — the toolkit does not forward signals to the training program — and waits for
+them, so the trainer can write its checkpoint before SageMaker's SIGKILL 120 s later.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+BASE_ENTRYPOINT = os.environ.get("YOLOV5_SMDDP_BASE_ENTRYPOINT", "/usr/local/bin/start_with_right_hostname.sh")
+AFTER_SIGNAL_WAIT_S = 115.0
+
+
+def base_command(args: list[str]) -> list[str]:
+    """The base image's ENTRYPOINT + CMD (the DLC's `bash -m start_with_right_hostname.sh`), or the args."""
+    if os.path.isfile(BASE_ENTRYPOINT):
+        return ["bash", "-m", BASE_ENTRYPOINT, *args]
+    return args
+
+
+def prepare_train(args: list[str]) -> list[str]:
+    from yolov5_smddp.errors import UserError
+    from yolov5_smddp.sagemaker import write_local_config
+
+    try:
+        written = write_local_config(os.environ, args[1:], hostname=socket.gethostname())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if written is not None:
+        print(f"[yolov5-smddp] no SageMaker config mounted: wrote a single-host config in {written}", flush=True)
+    elif len(args) > 1:
+        print(f"[yolov5-smddp] a SageMaker config is present: ignoring the arguments {args[1:]} "
+              "(hyperparameters come from hyperparameters.json)", file=sys.stderr, flush=True)
+    return ["train"]
+
+
+def supervise(command: list[str]) -> int:
+    """Run `command`, forward termination signals, and return its exit code (128 + signal if killed)."""
+    child = subprocess.Popen(command, start_new_session=os.getpid() != 1)
+    signalled: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        try:
+            if os.getpid() == 1:
+                os.kill(-1, signum)  # every process in this container except PID 1 itself
+            else:
+                os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    code = child.wait()
+    if signalled and os.getpid() == 1:
+        # the toolkit dies at once; wait for the training processes it leaves behind (now our children)
+        deadline = time.monotonic() + AFTER_SIGNAL_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.2)
+    return 128 - code if code < 0 else code
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if args[:1] == ["train"]:
+        args = prepare_train(args)
+    return supervise(base_command(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+# Test layer on the project image: the test tools (the same as docker/dev.Dockerfile). The source is
+# mounted at /src; `./build.sh test` runs ruff and the unit/integration tests in it.
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
+        "pytest>=7" "ruff>=0.5" "pycocotools>=2.0.7"
+ENV PYTHONPATH=/src USE_LIBUV=0
+WORKDIR /src
+ENTRYPOINT []
+CMD ["/bin/bash"]
