@@ -1,0 +1,94 @@
+"""The trainer itself under two ranks (torchrun + the smddp stand-in backend, mpirun + Gloo), then a
+resume of that checkpoint on a different world size (one process)."""
+
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+STANDIN = REPO / "tests" / "standin_smddp"
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(*extra: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *map(str, extra), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("USE_LIBUV", "0")
+    return env
+
+
+def _options(out: Path, data: Path, *extra: str) -> list[str]:
+    return ["--cfg", "yolov5n", "--data", str(data), "--imgsz", "64", "--batch-size", "8", "--workers", "0",
+            "--log-every", "2", "--model-dir", str(out / "model"), "--output-dir", str(out / "output"),
+            "--checkpoint-dir", str(out / "ckpt"), "--cache-dir", str(out / "cache"), *extra]
+
+
+def _train_module() -> list[str]:
+    # the per-worker entry: yolov5_smddp.commands.train.main(argv)
+    return ["-c", "import sys; from yolov5_smddp.commands.train import main; sys.exit(main(sys.argv[1:]))"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    return make_default_dataset(tmp_path_factory.mktemp("data"), n_train=32, n_val=8, imgsz=128, seed=2)
+
+
+def _check_run(out: Path, stdout: str, epochs: int) -> None:
+    with (out / "output" / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
+    assert (out / "model" / "best.pt").is_file() and (out / "model" / "metrics.json").is_file()
+    assert stdout.count(f"epoch={epochs} epochs=") == 1  # rank 0 only prints
+
+
+def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
+    env = _env(STANDIN)
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2", "--master_port",
+           str(_free_port()), "--no-python", sys.executable, *_train_module(),
+           *_options(out, data, "--backend", "smddp", "--epochs", "1")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "backend=smddp world_size=2 global_batch=8 per_rank=4" in proc.stdout
+    _check_run(out, proc.stdout, 1)
+    assert torch.load(out / "ckpt" / "last.pt", weights_only=True)["world_size"] == 2
+
+    # resume on ONE process with more epochs: continues at epoch 2 from the 2-rank checkpoint
+    resumed = subprocess.run([sys.executable, *_train_module(), *_options(out, data, "--epochs", "2")],
+                             env=_env(), capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "at epoch 2" in resumed.stdout and "trained on 2 rank(s), now 1" in resumed.stdout
+    _check_run(out, resumed.stdout, 2)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_two_ranks_mpirun_gloo(tmp_path, data):
+    env = _env()
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+    for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
+        cmd += ["-x", name]
+    out = tmp_path / "run"
+    proc = subprocess.run(cmd + [sys.executable, *_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "1")],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "backend=gloo world_size=2" in proc.stdout
+    _check_run(out, proc.stdout, 1)
