@@ -7,7 +7,10 @@ image is its path with the last `/images/` replaced by `/labels/` and the extens
 Verification reads every image header (size, truncation) and parses every label file. Each problem is
 reported once with its file and reason and the pair is skipped; duplicate rows are dropped (reported),
 polygon rows become their enclosing box, missing or empty label files make background images (counted).
-Nothing is ever written into the dataset except our own cache file (see `cache`).
+Nothing is ever written into the dataset except our own cache file (see `cache`): it goes next to the
+labels, `<parent of the labels folder>/yolov5-smddp-<digest>.labelcache.npz` (the digest is of the
+sources relative to the root, so it survives relocation), and when that folder is not writable to
+`cache_dir` (default `<tmp>/yolov5-smddp-cache`). Both places are searched when reading.
 """
 
 from __future__ import annotations

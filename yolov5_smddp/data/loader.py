@@ -102,7 +102,8 @@ def build_dataloader(
     """A DataLoader over `dataset` for one rank; `loader.sampler.set_epoch(epoch)` every epoch.
 
     `workers` is the already-decided count (see num_workers_per_rank). With a RAM-caching dataset the
-    rank's shard is decoded here, before the workers start.
+    rank's shard is decoded here, before the workers start. Rectangular (rect) batches assume
+    world_size 1 and shuffle=False, so that loader batches are the dataset's shape batches.
     """
     world_size = max(world_size, 1)
     if getattr(dataset, "cache_images", None) == "ram":
