@@ -102,3 +102,17 @@ def test_loader_with_workers_and_ram_shard(small_index):
     ds = YoloDataset(small_index, 64, augment=True, hyp={}, cache_images="ram")
     build_dataloader(ds, batch_size=4, rank=1, world_size=2, workers=0, shuffle=True, seed=0, drop_last=True)
     assert sorted(ds._ram) == list(range(1, 12, 2))  # the rank caches only its own shard
+
+
+def test_default_sampler_ranks_are_disjoint_and_cover(small_index):
+    seen = []
+    for rank in (0, 1):
+        ds = YoloDataset(small_index, 64, augment=False, hyp=None)
+        loader = build_dataloader(
+            ds, batch_size=3, rank=rank, world_size=2, workers=0, shuffle=True, seed=0, drop_last=True
+        )
+        loader.sampler.set_epoch(2)
+        seen.append([p for _imgs, _t, paths, _s in loader for p in paths])
+    assert len(seen[0]) == len(seen[1]) == 6
+    assert set(seen[0]).isdisjoint(seen[1])
+    assert set(seen[0]) | set(seen[1]) == {str(p) for p in small_index.images}
