@@ -23,9 +23,11 @@ start=$SECONDS
 # real loader ~1 min, scaling model ~15 s. ITERS/WARMUP override the step counts.
 iters="${ITERS:-10}"
 warmup="${WARMUP:-3}"
+# The real-loader run measures more steps than the DataLoader prefetches (2 per worker).
+iters_real="${ITERS_REAL:-60}"
 device=cuda imgsz=640 batches=16,32,48 amps=bf16,fp16 batch_real=32 batch_ref=32 batch_mfu=48
 if [ "${SMOKE:-0}" = 1 ]; then  # fp16 autocast needs CUDA
-    device=cpu imgsz=64 batches=2 amps=bf16,off batch_real=2 batch_ref=2 batch_mfu=2 iters=1 warmup=1
+    device=cpu imgsz=64 batches=2 amps=bf16,off batch_real=2 batch_ref=2 batch_mfu=2 iters=1 warmup=1 iters_real=2
 fi
 
 if ! "$python" - <<'EOF'
@@ -67,7 +69,7 @@ done
 
 if [ "$have_cv2" = 1 ]; then
     bench train_yolov5x_real 120 --cfg yolov5x.yaml --imgsz "$imgsz" --batch-per-gpu "$batch_real" --amp bf16 \
-        --channels-last on --loader real --data synthetic --workers 12
+        --channels-last on --loader real --data synthetic --workers 12 --iters "$iters_real"
 else
     echo "== train_yolov5x_real skipped: OpenCV (cv2) is not installed, the data pipeline needs it"
 fi

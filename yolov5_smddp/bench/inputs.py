@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from yolov5_smddp.errors import DataError
+
 STAGED_BATCHES = 4  # distinct device batches cycled through, so no step reuses the previous input
 BOXES_PER_IMAGE = 8
-SYNTHETIC_IMAGES = 128
+SYNTHETIC_BATCHES_PER_EPOCH = 16  # long epochs: the loader restarts rarely in a measurement
 
 
 def synthetic_targets(batch: int, nc: int, generator: torch.Generator) -> torch.Tensor:
@@ -46,12 +48,14 @@ def stage(loader_batches: Iterator[tuple[torch.Tensor, torch.Tensor]], device: t
                                                                                             STAGED_BATCHES)]
 
 
-def dataset_yaml(data: str, scratch: Path, imgsz: int) -> Path:
-    """`data` as a data.yaml path; "synthetic" writes the embedded default dataset under `scratch`."""
+def dataset_yaml(data: str, scratch: Path, imgsz: int, batch: int) -> Path:
+    """`data` as a data.yaml path; "synthetic" writes the embedded default dataset under `scratch`
+    (SYNTHETIC_BATCHES_PER_EPOCH batches of `batch` images)."""
     if data == "synthetic":
         from yolov5_smddp.data.synthetic import make_default_dataset
 
-        return make_default_dataset(scratch / "synthetic", n_train=SYNTHETIC_IMAGES, n_val=0, imgsz=imgsz)
+        folder = scratch / f"synthetic-{imgsz}-{batch}"
+        return make_default_dataset(folder, n_train=batch * SYNTHETIC_BATCHES_PER_EPOCH, n_val=0, imgsz=imgsz)
     return Path(data)
 
 
@@ -74,8 +78,6 @@ def pipeline_batches(
     loader = build_dataloader(dataset, batch_size=batch, rank=0, world_size=1, workers=used_workers,
                               shuffle=True, seed=0, drop_last=True)
     if len(loader) == 0:
-        from yolov5_smddp.errors import DataError
-
         raise DataError(f"{yaml_path}: {len(dataset)} training images are fewer than one batch of {batch}")
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -96,9 +96,9 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
     try:
         torch.manual_seed(0)
         model = build_model(cfg).train()
-        profile = gradient_profile(build_model(cfg).train().to("meta"), imgsz)
+        profile = gradient_profile(build_model(cfg).train().to("meta"))  # work shares do not depend on imgsz
         tensor_bytes = profile.tensor_bytes(4)  # fp32 gradients
-        ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+        ddp = DistributedDataParallel(model)  # defaults, as the trainer: an explicit bucket_cap_mb also caps the first bucket
         images = torch.rand(batch, 3, imgsz, imgsz)
 
         def step(sync: bool) -> tuple[float, float]:

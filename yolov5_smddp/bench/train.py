@@ -176,7 +176,7 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
 
     if args.loader == "device" and args.data == "synthetic":
         return itertools.cycle(inputs.staged_synthetic(combo.batch, args.imgsz, DEFAULT_NC, device)), DEFAULT_NC
-    yaml_path = inputs.dataset_yaml(args.data, scratch, args.imgsz)
+    yaml_path = inputs.dataset_yaml(args.data, scratch, args.imgsz, combo.batch)
     batches, nc, workers = inputs.pipeline_batches(
         yaml_path, imgsz=args.imgsz, batch=combo.batch, workers=args.workers if args.loader == "real" else 0,
         hyp=hyp, cache_dir=scratch / "label-cache", local_gpus=1)
