@@ -8,11 +8,14 @@
 - `train` with a config present (SageMaker, local mode, a mounted tree): nothing is written or changed.
 - Either way the base image's entrypoint then runs the command exactly as it would without this layer.
 
-As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, `docker stop`) on to every
-process in the container — the toolkit does not forward signals to the training program — and waits for
-them, so the trainer can write its checkpoint before SageMaker's SIGKILL 120 s later.
+As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, `docker stop`) on to the
+training processes — the toolkit does not forward signals to its program — so the trainer can write its
+checkpoint before SageMaker's SIGKILL 120 s later. The toolkit itself and the base entrypoint's shell are
+spared: the toolkit relays the program's output and reports its exit code, and killing it would cut the
+program's stdout.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -48,6 +51,23 @@ def prepare_train(args: list[str]) -> list[str]:
     return ["train"]
 
 
+def training_processes(spared: set[int]) -> list[int]:
+    """Pids in this container other than PID 1, `spared`, and the toolkit's `train` processes."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in spared or int(entry) in (1, os.getpid()):
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue  # gone already
+        if not argv or any(os.path.basename(a) == "train" for a in argv[:2]):
+            continue
+        pids.append(int(entry))
+    return pids
+
+
 def supervise(command: list[str]) -> int:
     """Run `command`, forward termination signals, and return its exit code (128 + signal if killed)."""
     child = subprocess.Popen(command, start_new_session=os.getpid() != 1)
@@ -55,19 +75,19 @@ def supervise(command: list[str]) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         signalled.append(signum)
-        try:
-            if os.getpid() == 1:
-                os.kill(-1, signum)  # every process in this container except PID 1 itself
-            else:
+        if os.getpid() != 1:  # e.g. under `docker run --init`: the best we can do is our process group
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
-        except ProcessLookupError:
-            pass
+            return
+        for pid in training_processes({child.pid}):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     code = child.wait()
     if signalled and os.getpid() == 1:
-        # the toolkit dies at once; wait for the training processes it leaves behind (now our children)
+        # processes that outlived their parent are ours now: let them finish their checkpoint
         deadline = time.monotonic() + AFTER_SIGNAL_WAIT_S
         while time.monotonic() < deadline:
             try:
