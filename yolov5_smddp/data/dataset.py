@@ -97,6 +97,7 @@ class YoloDataset:
         self.augment = augment
         self.params = AugmentParams.from_hyp(hyp)
         self.rect = rect
+        self.batch_size = batch_size
         self.stride = stride
         self.cache_images = cache_images
         self.mosaic_partners = mosaic_partners
@@ -112,7 +113,6 @@ class YoloDataset:
             self.shapes = self.shapes[order]
             self.labels = [self.labels[i] for i in order]
             self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
-            self.batch_size = batch_size
         self._ram: dict[int, np.ndarray] = {}
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
 
