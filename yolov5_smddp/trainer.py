@@ -181,6 +181,18 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def open_tensorboard(folder: Path | None):
+    """A SummaryWriter for `folder`, or None without a folder or without the tensorboard package."""
+    if folder is None:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.warning("--tensorboard-dir %s ignored: the tensorboard package is not installed", folder)
+        return None
+    return SummaryWriter(str(folder))
+
+
 class _StopOnSigterm:
     """SIGTERM (spot interruption, StopTrainingJob: SIGKILL follows 120 s later) sets a flag; the loop
     finishes its step, writes a checkpoint and returns."""
@@ -318,6 +330,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     final_metrics: DetectionMetrics | None = None
     throughputs: list[dict[str, float]] = []
     interrupted = False
+    board = open_tensorboard(dirs.get("tensorboard_dir")) if main else None
     with _StopOnSigterm() as stop:
         for epoch in range(start_epoch, config.epochs):
             epoch_started = time.perf_counter()
@@ -368,6 +381,10 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                                  peak_mem_gb=peak_memory_gb(device)), main=True)
                 checkpoint.save_checkpoint(dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved)
                 write_results_csv(dirs["output_dir"] / "results.csv", history)
+                if board is not None:
+                    for key, value in row.items():
+                        board.add_scalar(key, value, epoch + 1)
+                    board.flush()
             stop_early = main and config.patience > 0 and stale >= config.patience
             stop_early = bool(distributed.broadcast_object(stop_early))
             if stop_early:
@@ -375,6 +392,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     log.info("early stop: no fitness improvement for %d epochs", config.patience)
                 break
 
+    if board is not None:
+        board.close()
     if main and not interrupted:
         write_final_outputs(config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device)
     distributed.barrier()

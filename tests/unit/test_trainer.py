@@ -135,3 +135,14 @@ def test_non_finite_loss_stops_the_run_with_a_clear_message():
     with pytest.raises(NonFiniteLossError, match="non-finite"):
         _epoch(step, 6)
     assert all(torch.isfinite(p).all() for p in model.parameters())  # no NaN reached the weights
+
+
+@pytest.mark.slow
+def test_default_dataset_is_generated_once_into_place(tmp_path):
+    from yolov5_smddp.trainer import default_dataset
+
+    first = default_dataset(tmp_path)
+    assert first == tmp_path / "default-dataset" / "data.yaml" and first.is_file()
+    stamp = first.stat().st_mtime_ns
+    assert default_dataset(tmp_path) == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == ["default-dataset"]  # no temporary folder left
