@@ -32,7 +32,7 @@ from yolov5_smddp import checkpoint, distributed
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
-from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 
@@ -240,6 +240,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     backend = distributed.choose_backend(config.backend, cuda, distributed.smddp_importable() if wants_smddp else False)
     device_type = "cuda" if cuda and backend in ("nccl", "smddp") else "cpu"
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
+    if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     accumulate = accumulation(plan.global_batch)
     hyp["weight_decay"] *= plan.global_batch * accumulate / NOMINAL_BATCH
 

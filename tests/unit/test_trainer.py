@@ -137,7 +137,6 @@ def test_non_finite_loss_stops_the_run_with_a_clear_message():
     assert all(torch.isfinite(p).all() for p in model.parameters())  # no NaN reached the weights
 
 
-@pytest.mark.slow
 def test_default_dataset_is_generated_once_into_place(tmp_path):
     from yolov5_smddp.trainer import default_dataset
 
