@@ -87,12 +87,14 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from yolov5_smddp import distributed
     from yolov5_smddp.models.yolo import build_model
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    info = distributed.DistInfo(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size,
+                                node_rank=0, master_addr="127.0.0.1", master_port=port, launcher="torchrun",
+                                use_libuv=os.environ.get("USE_LIBUV", "1") != "0")
+    distributed.init(info, "gloo", timeout_s=600)  # the trainer's own process-group setup
     try:
         torch.manual_seed(0)
         model = build_model(cfg).train()
@@ -149,7 +151,7 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
                 "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
             }))
     finally:
-        dist.destroy_process_group()
+        distributed.destroy()
 
 
 def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2) -> OverlapMeasurement:

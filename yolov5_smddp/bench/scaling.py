@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from yolov5_smddp.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
