@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _static_store_honours_use_libuv(os.environ)
     program, args = worker_command(train_args)
     try:
         elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
@@ -162,6 +164,22 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
         raise WorkerFailed(f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
                            f"{failure.exitcode}: {detail}", failure.exitcode) from exc
     return 0
+
+
+def _static_store_honours_use_libuv(environ: Mapping[str, str]) -> None:
+    """With USE_LIBUV=0 (torch builds without libuv, e.g. Debian's in the local stand-in) make the static
+    rendezvous create its TCPStore without libuv: it ignores the variable and would fail at once."""
+    if environ.get("USE_LIBUV") != "0":
+        return
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    store_class = static_tcp_rendezvous.TCPStore
+
+    def tcp_store(*args, **kwargs):
+        kwargs.setdefault("use_libuv", False)
+        return store_class(*args, **kwargs)
+
+    static_tcp_rendezvous.TCPStore = tcp_store
 
 
 def _worker_main(argv: Sequence[str]) -> int:

@@ -52,13 +52,16 @@ def test_two_hosts_with_the_toolkits_smddp_mpirun_launch(image, dataset, tmp_pat
     hps = {**TINY_HPS, "sagemaker_distributed_dataparallel_enabled": "true",
            "sagemaker_instance_type": json.dumps("ml.p4d.24xlarge")}
     roots = _start_cluster(image, dataset, tmp_path, network, containers, hps)
-    results = {host: _wait(name, 900) for host, name in zip(HOSTS, containers)}
-    for host, (code, log) in results.items():
-        assert code == 0, f"{host}:\n{log[-4000:]}"
-    log1 = results["algo-1"][1]
-    assert "mpirun" in log1
-    assert "launch: mpirun" in log1
-    assert "world_size=2" in log1
+    code, log1 = _wait(containers[0], 900)
+    assert code == 0, log1[-4000:]
+    assert "mpirun --host algo-1:1,algo-2:1 -np 2" in log1
+    assert "[1,mpirank:0,algo-1]<stdout>: launch: mpirun" in log1
+    assert "[1,mpirank:1,algo-2]<stdout>: launch: mpirun" in log1  # the rank mpirun started over ssh
+    assert "backend=gloo world_size=2" in log1
+    # The worker host's toolkit waits for Open MPI 4's `orted` daemon (20 minutes when it never appears);
+    # the stand-in's Open MPI 5 names it `prted`, so algo-2 is not waited for here.
+    log2 = docker("logs", containers[1], check=False)
+    assert "MPI Master online, creating SSH daemon" in log2.stdout + log2.stderr
     assert (roots["algo-1"] / "model" / "best.pt").is_file()
 
 
