@@ -310,17 +310,22 @@ def evaluate(
     iou_thres: float = 0.6,
     max_det: int = 300,
     on_image: Callable[[str, torch.Tensor], None] | None = None,
-) -> DetectionMetrics:
+    should_stop: Callable[[], bool] | None = None,
+) -> DetectionMetrics | None:
     """Validate `model` (unwrapped; e.g. the EMA) on `loader` batches (imgs uint8, targets [n, 6], paths,
     shapes). Detections and ground truth are matched in ORIGINAL image pixels (detections clipped to the
     image, as COCO-format results are), so the numbers equal pycocotools' on the same detections.
     `on_image(path, detections [n, 6] (x1, y1, x2, y2 original pixels, score, class))` sees every image.
+    Returns None when `should_stop()` turns true (SIGTERM: the checkpoint matters more than the numbers).
     """
     model = unwrap(model)
     was_training = model.training
     model.eval()
     acc = MetricAccumulator()
     for imgs, targets, paths, shapes in loader:
+        if should_stop is not None and should_stop():
+            model.train(was_training)
+            return None
         x = prepare_images(imgs, device, channels_last=False)
         with amp.autocast():
             pred, _raw = model(x)

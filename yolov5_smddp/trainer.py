@@ -360,7 +360,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             last_epoch = epoch + 1 == config.epochs
             if main and val_loader is not None and (not config.noval or last_epoch):
                 metrics = evaluate(ema.module, val_loader, device=device, amp=amp, conf_thres=config.val_conf,
-                                   iou_thres=config.val_iou, max_det=config.max_det)
+                                   iou_thres=config.val_iou, max_det=config.max_det,
+                                   should_stop=lambda: stop.requested)  # None when SIGTERM cut it short
             improved = False
             if main:
                 fit = metrics.fitness if metrics is not None else -1.0
@@ -387,8 +388,15 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     for key, value in row.items():
                         board.add_scalar(key, value, epoch + 1)
                     board.flush()
+            # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
             stop_early = main and config.patience > 0 and stale >= config.patience
-            stop_early = bool(distributed.broadcast_object(stop_early))
+            stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
+            if sigterm and epoch + 1 < config.epochs:
+                if main:
+                    print(f"interrupted after epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
+                          f"written; run the same command again to resume", flush=True)
+                interrupted = True
+                break
             if stop_early:
                 if main:
                     log.info("early stop: no fitness improvement for %d epochs", config.patience)
