@@ -118,3 +118,23 @@ def test_model_trainer_refuses_smddp_and_torchrun_without_source():
 def test_dlc_image_uri():
     assert dlc_image_uri("eu-west-1") == (
         "763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker")
+
+
+def test_example_script_dry_run_prints_the_sdk_arguments(capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "launch_sagemaker.py"
+    spec = importlib.util.spec_from_file_location("launch_sagemaker", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--image", IMAGE, "--role", ROLE, "--train", "s3://b/train", "--hp", "epochs=3", "--dry-run"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["fit"] == {"training": "s3://b/train"}
+    assert printed["PyTorch"]["hyperparameters"] == {"epochs": "3"}
+    assert printed["PyTorch"]["distribution"] == {"smdistributed": {"dataparallel": {"enabled": True}}}
+    assert printed["PyTorch"]["entry_point"] == str(path.parents[1] / "entrypoint.py")
+    from yolov5_smddp.telemetry import METRIC_DEFINITIONS
+
+    assert printed["PyTorch"]["metric_definitions"] == METRIC_DEFINITIONS
