@@ -242,6 +242,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
+    from yolov5_smddp.models.yolo import load_model_config
+
+    load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
+    if config.weights and not Path(config.weights).is_file():
+        raise ConfigError(f"--weights {config.weights}: no such file")
     accumulate = accumulation(plan.global_batch)
     hyp["weight_decay"] *= plan.global_batch * accumulate / NOMINAL_BATCH
 
@@ -296,6 +301,14 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             log.info("resuming from %s at epoch %d (iteration %d, trained on %d rank(s), now %d)", resumable,
                      start_epoch + 1, iteration, int(state["world_size"]), info.world_size)
 
+    # every rank must resume from the same point (a checkpoint folder that is not shared or synced to
+    # every node would silently desynchronise optimizer states)
+    agreed = distributed.broadcast_object((start_epoch, iteration))
+    if tuple(agreed) != (start_epoch, iteration):
+        raise WeightsError(
+            f"rank {info.rank} would resume at epoch {start_epoch + 1} but rank 0 at epoch {agreed[0] + 1}: "
+            f"--checkpoint-dir {dirs['checkpoint_dir']} must hold the same last.pt on every node"
+        )
     if config.sync_bn and info.world_size > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     net: nn.Module = model

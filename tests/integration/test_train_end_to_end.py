@@ -121,10 +121,15 @@ def test_non_finite_loss_is_reported_clearly(tmp_path):
     assert "loss=nan" in proc.stdout
 
 
-def test_bad_option_fails_before_any_work(tmp_path):
+@pytest.mark.parametrize(
+    "option, message",
+    [(("--hyp-override", "lr0=7"), "lr0=7.0 is out of range"), (("--cfg", "yolov5q"), "yolov5q"),
+     (("--batch-size", "15", "--batch-per-gpu", "4"), "contradicts"), (("--weights", "nope.pt"), "nope.pt")],
+)
+def test_bad_option_fails_before_any_work(tmp_path, option, message):
     start = time.perf_counter()
-    proc = subprocess.run(_train_cmd(tmp_path, "--hyp-override", "lr0=7"), env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(_train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
-    assert proc.returncode == 2 and "lr0=7" in proc.stderr and "out of range" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "ckpt").exists()
     assert time.perf_counter() - start < 60
