@@ -74,7 +74,7 @@ else
     echo "== train_yolov5x_real skipped: OpenCV (cv2) is not installed, the data pipeline needs it"
 fi
 
-# The scaling model for 1/2/4/8 p4d-like nodes, from the measured YOLOv5x bf16 batch-32 step.
+# The scaling model for 1/2/4/8 p4d-like nodes, from the fastest measured YOLOv5x bf16 batch-32 step.
 step_ms=$("$python" - "$results/train_yolov5x_device.json" "$batch_ref" <<'EOF' 2>/dev/null
 import json, sys
 rows = json.load(open(sys.argv[1]))["results"]
@@ -83,7 +83,7 @@ print(f"{best:.2f}")
 EOF
 )
 if [ -n "$step_ms" ]; then
-    echo "== scaling model with the measured yolov5x batch-32 bf16 step ($step_ms ms)"
+    echo "== scaling model with the measured yolov5x batch-$batch_ref bf16 step ($step_ms ms)"
     timeout 60 "$python" -m yolov5_smddp bench scaling --cfg yolov5x.yaml --step-ms "$step_ms" \
         --batch-per-gpu "$batch_ref" --nodes 1,2,4,8 --gpus-per-node 8 --inter-node-gbps 400 --intra-node-gbps 2400 \
         --json "$results/scaling_yolov5x.json" 2>&1 | tee "$results/scaling_yolov5x.log" || status=1
