@@ -64,6 +64,9 @@ in_root bash -c 'mkdir -p /var/run/sshd /root/.ssh && chmod 700 /root/.ssh &&
   cp /root/.ssh/id_ed25519.pub /root/.ssh/authorized_keys &&
   printf "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n" > /root/.ssh/config &&
   mkdir -p /opt/ml/code /opt/ml/input/config /opt/ml/model /opt/ml/output' >&2
+# The toolkit on a worker host waits for the remote daemon of Open MPI 4, a process named `orted`; Open MPI 5
+# names it `prted`. Launch it under the old name (PRTE_MCA_prte_launch_agent below) so workers finish.
+ln -s /usr/bin/prted "$root/usr/local/bin/orted"
 install -m 0755 "$here/start_with_right_hostname.sh" "$root/usr/local/bin/start_with_right_hostname.sh"
 in_root bash -c 'apt-get clean && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* /tmp/*' >&2
 
@@ -76,6 +79,7 @@ tar -C "$root" --numeric-owner -c . | docker import \
     --change 'ENV LANG=C.UTF-8' \
     --change 'ENV PATH=/opt/ml/code:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV SAGEMAKER_TRAINING_MODULE=sagemaker_pytorch_container.training:main' \
+    --change 'ENV PRTE_MCA_prte_launch_agent=orted' \
     --change 'LABEL org.opencontainers.image.title=yolov5-smddp-standin' \
     --change 'LABEL org.opencontainers.image.description="Local stand-in for the AWS PyTorch training DLC"' \
     --change 'WORKDIR /' \
