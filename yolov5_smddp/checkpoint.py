@@ -8,15 +8,14 @@ name in the same folder and renamed over the old one, so a reader never sees hal
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import WeightsError
 
 FORMAT = "yolov5-smddp-train-checkpoint/1"
@@ -26,18 +25,8 @@ BEST = "best.pt"
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file next to `path`, fsync, then os.replace onto `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as handle:
+        torch.save(obj, handle)
 
 
 def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) -> Path:

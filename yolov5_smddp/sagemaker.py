@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import ConfigError, DataError, UserError
 
 log = logging.getLogger("yolov5_smddp.sagemaker")
@@ -305,13 +306,11 @@ def failure_reason(exc: BaseException) -> str:
 
 def write_failure(path: Path, reason: str, details: str = "") -> None:
     """Reason first (SageMaker reads the first 1024 characters), then the details."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = reason.strip() + "\n"
     if details:
         body += "\n" + details
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(body)
-    os.replace(tmp, path)
+    with atomic_write(path, "w", encoding="utf-8") as handle:
+        handle.write(body)
 
 
 # ---- the program ------------------------------------------------------------------------------------

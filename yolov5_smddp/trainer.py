@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp import checkpoint, distributed
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
@@ -164,21 +165,16 @@ def load_initial_weights(model: nn.Module, path: str) -> None:
 
 
 def write_results_csv(path: Path, rows: list[dict[str, float]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as handle:
+    with atomic_write(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=RESULT_COLUMNS)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: row.get(k, "") for k in RESULT_COLUMNS})
-    os.replace(tmp, path)
 
 
 def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_write(path, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def open_tensorboard(folder: Path | None):

@@ -21,13 +21,13 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from numpy.lib import format as npy_format
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
 
 CACHE_VERSION = 1
@@ -91,25 +91,19 @@ def stale_reason(
 def save_cache(path: Path, table: ScanTable, *, root: Path) -> None:
     """Write `table` to `path` atomically (unique temp file in the same folder + os.replace)."""
     meta = {"format": "yolov5-smddp-labels", "version": CACHE_VERSION, "built_under": str(root)}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(
-                f,
-                meta=np.array(json.dumps(meta)),
-                images=np.array(table.images, dtype=str),
-                image_bytes=table.image_bytes.astype(np.int64),
-                label_hashes=np.array(table.label_hashes, dtype=str),
-                shapes=table.shapes.astype(np.int32),
-                flags=table.flags.astype(np.uint8),
-                reasons=np.array(table.reasons, dtype=str),
-                counts=table.counts.astype(np.int32),
-                labels=table.labels.astype(np.float32).reshape(-1, 5),
-            )
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        np.savez(
+            f,
+            meta=np.array(json.dumps(meta)),
+            images=np.array(table.images, dtype=str),
+            image_bytes=table.image_bytes.astype(np.int64),
+            label_hashes=np.array(table.label_hashes, dtype=str),
+            shapes=table.shapes.astype(np.int32),
+            flags=table.flags.astype(np.uint8),
+            reasons=np.array(table.reasons, dtype=str),
+            counts=table.counts.astype(np.int32),
+            labels=table.labels.astype(np.float32).reshape(-1, 5),
+        )
 
 
 class CacheRejected(Exception):

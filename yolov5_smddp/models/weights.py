@@ -8,9 +8,7 @@ objects) goes through the allow-listed reader in `release_pickle`.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import tempfile
 import zipfile
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.release_pickle import ReleaseModel, read_release_checkpoint
 from yolov5_smddp.models.yolo import PACKAGE_CONFIGS, DetectionModel, build_model, load_model_config
@@ -85,17 +84,8 @@ def save_weights(path: str | Path, model: nn.Module, *, meta: dict, half: bool =
         info = json.loads(json.dumps(info))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"save_weights: metadata must be JSON-able ({exc})") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, "state_dict": state, "meta": info}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as f:
+        torch.save({"format": FORMAT, "state_dict": state, "meta": info}, f)
     return path
 
 
