@@ -109,8 +109,9 @@ class TrainConfig:
     """mixed precision: auto (bf16 on GPUs that support it, fp16 on older GPUs, off on CPU), fp16, bf16, off."""
     backend: str = "auto"
     """process-group backend: auto (smddp if importable on CUDA, else nccl on CUDA, else gloo)."""
-    channels_last: bool = False
-    """use the channels_last memory format for the model and the input batch."""
+    channels_last: bool = True
+    """use the channels_last memory format for the model and the input batch (faster convolutions with
+    AMP on GPUs and with oneDNN on CPUs: yolov5n b8@320 CPU step 435 vs 458 ms fp32; `false` to disable)."""
     compile: bool = False
     """wrap the model in torch.compile."""
     log_every: int = 50
