@@ -23,7 +23,7 @@ from yolov5_smddp.config import load_hyp
 from yolov5_smddp.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import build_optimizer
+from yolov5_smddp.trainer import build_optimizer, wrap_ddp
 
 IMGSZ, PER_RANK, MICRO_STEPS, ACCUMULATE, NC = 64, 4, 6, 2, 3
 
@@ -55,7 +55,7 @@ def main(out: str, backend: str) -> None:
     hyp = load_hyp("scratch-low")
     criterion = YoloLoss(model, scale_loss_gains(hyp, 3, NC, IMGSZ))
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
-    net = torch.nn.parallel.DistributedDataParallel(model) if info.distributed else model
+    net = wrap_ddp(model, torch.device("cpu")) if info.distributed else model
     amp = AmpPolicy("off", device.type)
     step = TrainStep(net, criterion, optimizer, amp.make_scaler(), None, amp, device,
                      loss_multiplier=float(info.world_size))

@@ -5,6 +5,13 @@ measured backward time and the measured all-reduce time of each DDP bucket alone
 
 The loss is a plain sum of the raw outputs' means: the backward through the network is what matters
 here, not the detection loss.
+
+On a CPU, Gloo's reduction and the backward compete for the same cores, which an accelerator does not do
+(its kernels run on the device; NCCL uses a few SMs, NVLink and the NICs). `emulate_device_ms` stands in
+for that: every convolution's backward also waits (sleeping, so the core is free) for its share of that
+many milliseconds, proportional to its weight count — a backward of device kernels the host only waits
+on. The communication then has idle host cores to run on, as beside a GPU, and the check tests what the
+scaling model assumes: DDP's buckets go out while the rest of the backward still runs.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class OverlapMeasurement:
     world_size: int
     iters: int
     threads_per_rank: int
+    emulate_device_ms: float  # emulated device backward per step (0: plain CPU compute)
     buckets: int
     gradient_mb: float
     model_bucket_bytes: list[int]  # the scaling model's buckets
@@ -59,6 +67,7 @@ class OverlapMeasurement:
         return (
             f"overlap check ({self.cfg} {self.imgsz}px, batch {self.batch_per_rank}/rank, {self.world_size} "
             f"Gloo ranks × {self.threads_per_rank} thread, {self.iters} paired steps, {self.buckets} buckets, "
+            f"emulated device backward {self.emulate_device_ms:.0f} ms, "
             f"{self.gradient_mb:.1f} MB, bucket sizes {buckets} DDP's):\n"
             f"  forward {self.forward_ms:.1f} ms, backward {self.backward_ms:.1f} ms, "
             f"step no_sync {self.step_no_sync_ms:.1f} ms, step sync {self.step_sync_ms:.1f} ms\n"
@@ -81,8 +90,35 @@ def _ddp_bucket_bytes(ddp) -> list[int]:
     return [int(v) for v in str(sizes).split(",") if v.strip()]
 
 
+def _emulate_device_backward(model, images, total_s: float) -> None:
+    """Make each Conv2d's backward also sleep for its FLOP share of `total_s` (see the module doc); the
+    shares are the scaling model's work measure: 2 × output elements × weights per output."""
+    import torch
+    from torch import nn
+
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    flops: dict[nn.Module, float] = {}
+    probes = [m.register_forward_hook(lambda mod, _i, out: flops.__setitem__(mod, 2.0 * out.numel() * mod.weight[0].numel()))
+              for m in convs]
+    with torch.no_grad():
+        model(images)
+    for probe in probes:
+        probe.remove()
+    total_flops = sum(flops.values())
+
+    def attach(module: nn.Module, seconds: float) -> None:
+        def forward_hook(_module, _inputs, output: torch.Tensor) -> None:
+            if output.requires_grad:
+                output.register_hook(lambda grad: (time.sleep(seconds), grad)[1])
+
+        module.register_forward_hook(forward_hook)
+
+    for conv in convs:
+        attach(conv, total_s * flops[conv] / total_flops)
+
+
 def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: int, iters: int,
-            out_path: str) -> None:
+            out_path: str, emulate_device_ms: float) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -100,8 +136,10 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
         model = build_model(cfg).train()
         profile = gradient_profile(build_model(cfg).train().to("meta"))  # work shares do not depend on imgsz
         tensor_bytes = profile.tensor_bytes(4)  # fp32 gradients
-        ddp = DistributedDataParallel(model)  # defaults, as the trainer: an explicit bucket_cap_mb also caps the first bucket
         images = torch.rand(batch, 3, imgsz, imgsz)
+        if emulate_device_ms > 0:
+            _emulate_device_backward(model, images, emulate_device_ms / 1e3)
+        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
 
         def step(sync: bool) -> tuple[float, float]:
             dist.barrier()
@@ -154,19 +192,22 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
         distributed.destroy()
 
 
-def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2) -> OverlapMeasurement:
+def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2,
+                    emulate_device_ms: float = 0.0) -> OverlapMeasurement:
     """Spawns `world_size` Gloo processes on this machine and returns rank 0's measurement."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "overlap.json")
-        mp.spawn(_worker, args=(world_size, _free_port(), cfg, imgsz, batch, iters, out_path),
+        mp.spawn(_worker, args=(world_size, _free_port(), cfg, imgsz, batch, iters, out_path, emulate_device_ms),
                  nprocs=world_size, join=True)
         raw = json.loads(Path(out_path).read_text())
-    return summarise(raw, cfg=cfg, imgsz=imgsz, batch=batch, iters=iters, world_size=world_size)
+    return summarise(raw, cfg=cfg, imgsz=imgsz, batch=batch, iters=iters, world_size=world_size,
+                     emulate_device_ms=emulate_device_ms)
 
 
-def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int) -> OverlapMeasurement:
+def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int,
+              emulate_device_ms: float = 0.0) -> OverlapMeasurement:
     """Turns rank 0's raw timings (seconds) into the comparison."""
     sync_steps = [f + b for f, b in raw["sync"]]
     no_sync_steps = [f + b for f, b in raw["no_sync"]]
@@ -183,6 +224,7 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
         world_size=world_size,
         iters=iters,
         threads_per_rank=1,
+        emulate_device_ms=emulate_device_ms,
         buckets=len(bucket_s),
         gradient_mb=raw["gradient_bytes"] / 1e6,
         model_bucket_bytes=raw["model_bucket_bytes"],

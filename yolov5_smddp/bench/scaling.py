@@ -324,6 +324,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-imgsz", type=int, default=128)
     parser.add_argument("--overlap-batch", type=int, default=2)
     parser.add_argument("--overlap-iters", type=int, default=8)
+    parser.add_argument("--overlap-emulate-device-ms", type=float, default=0.0,
+                        help="emulate an accelerator: each step's backward also waits this long on device "
+                             "kernels (sleeping, cores free for Gloo); 0 = plain CPU compute")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -394,7 +397,8 @@ def run(args: argparse.Namespace) -> int:
         from yolov5_smddp.bench.overlap import measure_overlap
 
         result = measure_overlap(cfg=args.overlap_cfg, imgsz=args.overlap_imgsz, batch=args.overlap_batch,
-                                 iters=args.overlap_iters)
+                                 iters=args.overlap_iters,
+                                 emulate_device_ms=args.overlap_emulate_device_ms)
         print(result.summary())
         report["overlap_measurement"] = {**asdict(result), "agrees": result.agrees}
     if args.json is not None:
