@@ -101,8 +101,11 @@ def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_pa
     assert "stopped by SIGTERM" in (root / "output" / "failure").read_text()
 
     # the same job again (as a restarted spot job), shortened to end one epoch after the interrupted one:
-    # it resumes from /opt/ml/checkpoints
-    interrupted = int(re.search(r"interrupted in epoch (\d+)", log).group(1))
+    # it resumes from /opt/ml/checkpoints. SIGTERM during an epoch's steps restarts that epoch ("in epoch E");
+    # during its validation the epoch's checkpoint stands and the next one follows ("after epoch E").
+    stopped = re.search(r"interrupted (?:in|after) epoch (\d+)", log)
+    assert stopped, log[-4000:]
+    interrupted = int(stopped.group(1))
     (root / "input" / "config" / "hyperparameters.json").write_text(
         json.dumps({**hps, "epochs": str(interrupted + 1)}))
     (root / "output" / "failure").unlink()
