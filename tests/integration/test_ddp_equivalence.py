@@ -1,37 +1,20 @@
 """2 ranks x batch B/2 == 1 process x batch B after 3 optimizer steps, through torchrun, mpirun and the
 smddp stand-in backend (see ddp_equivalence_worker.py for the batch design)."""
 
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import REPO, child_env, free_port
 
 HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 WORKER = HERE / "ddp_equivalence_worker.py"
 STANDIN = REPO / "tests" / "standin_smddp"
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(extra_path: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))}
-    paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("USE_LIBUV", "0")
-    return env
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> None:
@@ -42,13 +25,13 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     out = tmp_path_factory.mktemp("single") / "params.pt"
-    _run([sys.executable, str(WORKER), str(out), "gloo"], _env())
+    _run([sys.executable, str(WORKER), str(out), "gloo"], child_env())
     return torch.load(out, weights_only=True)
 
 
 def _torchrun(out: Path, backend: str, env: dict[str, str]) -> list[str]:
     return [sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2", "--master_port",
-            str(_free_port()), str(WORKER), str(out), backend]
+            str(free_port()), str(WORKER), str(out), backend]
 
 
 def _compare(single: dict[str, torch.Tensor], ddp: dict[str, torch.Tensor]) -> None:
@@ -60,14 +43,14 @@ def _compare(single: dict[str, torch.Tensor], ddp: dict[str, torch.Tensor]) -> N
 
 def test_ddp_matches_single_process_torchrun_gloo(single_process, tmp_path):
     out = tmp_path / "params.pt"
-    env = _env()
+    env = child_env()
     _run(_torchrun(out, "gloo", env), env)
     _compare(single_process, torch.load(out, weights_only=True))
 
 
 def test_ddp_matches_single_process_smddp_standin(single_process, tmp_path):
     out = tmp_path / "params.pt"
-    env = _env(STANDIN)
+    env = child_env(STANDIN)
     _run(_torchrun(out, "smddp", env), env)
     _compare(single_process, torch.load(out, weights_only=True))
 
@@ -75,8 +58,8 @@ def test_ddp_matches_single_process_smddp_standin(single_process, tmp_path):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_ddp_matches_single_process_mpirun_gloo(single_process, tmp_path):
     out = tmp_path / "params.pt"
-    env = _env()
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    env = child_env()
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
     for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
         cmd += ["-x", name]

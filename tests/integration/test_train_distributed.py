@@ -2,35 +2,19 @@
 resume of that checkpoint on a different world size (one process)."""
 
 import csv
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from child_env import REPO, child_env, free_port
 
 HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 STANDIN = REPO / "tests" / "standin_smddp"
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(*extra: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *map(str, extra), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("USE_LIBUV", "0")
-    return env
 
 
 def _options(out: Path, data: Path, *extra: str) -> list[str]:
@@ -60,10 +44,10 @@ def _check_run(out: Path, stdout: str, epochs: int) -> None:
 
 
 def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
-    env = _env(STANDIN)
+    env = child_env(STANDIN)
     out = tmp_path / "run"
     cmd = [sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2", "--master_port",
-           str(_free_port()), "--no-python", sys.executable, *_train_module(),
+           str(free_port()), "--no-python", sys.executable, *_train_module(),
            *_options(out, data, "--backend", "smddp", "--epochs", "1")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -73,7 +57,7 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
 
     # resume on ONE process with more epochs: continues at epoch 2 from the 2-rank checkpoint
     resumed = subprocess.run([sys.executable, *_train_module(), *_options(out, data, "--epochs", "2")],
-                             env=_env(), capture_output=True, text=True, timeout=400)
+                             env=child_env(), capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "at epoch 2" in resumed.stdout and "trained on 2 rank(s), now 1" in resumed.stdout
     _check_run(out, resumed.stdout, 2)
@@ -81,8 +65,8 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_two_ranks_mpirun_gloo(tmp_path, data):
-    env = _env()
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    env = child_env()
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
     for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
         cmd += ["-x", name]
