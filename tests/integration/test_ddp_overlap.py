@@ -47,6 +47,7 @@ def test_two_gloo_processes_measure_overlap():
     assert result.model_bucket_bytes == result.ddp_bucket_bytes
     assert result.buckets == len(result.ddp_bucket_bytes) >= 2
     assert result.forward_ms > 0 and result.backward_ms > 0 and result.bucket_allreduce_ms > 0
+    assert result.step_no_sync_ms > 0 and result.step_sync_local_ms > 0 and result.step_sync_ms > 0
     assert result.noise_ms >= 0
     assert 0 <= result.predicted_exposed_ms <= result.predicted_if_no_overlap_ms
     assert "exposed communication: measured" in result.summary()

@@ -180,14 +180,22 @@ def test_buckets_follow_a_given_ready_order():
 def test_overlap_summary_exact():
     from yolov5_smddp.bench.overlap import summarise
 
-    raw = {"sync": [[0.1, 0.3], [0.1, 0.5]], "no_sync": [[0.1, 0.2], [0.1, 0.2]], "bucket_s": [0.05, 0.1],
+    raw = {"sync": [[0.1, 0.3], [0.1, 0.5]], "sync_local": [[0.1, 0.2], [0.1, 0.2]],
+           "no_sync": [[0.1, 0.15], [0.1, 0.15]], "bucket_s": [0.05, 0.1],
            "ready": [0.5, 1.0], "gradient_bytes": 2_000_000, "model_bucket_bytes": [1, 2], "ddp_bucket_bytes": [1, 2]}
     m = summarise(raw, cfg="yolov5n", imgsz=64, batch=1, iters=2, world_size=2)
-    assert m.step_sync_ms == pytest.approx(500) and m.step_no_sync_ms == pytest.approx(300)
-    assert m.measured_exposed_ms == pytest.approx(200)  # differences 100 and 300 ms
+    assert m.step_sync_ms == pytest.approx(500) and m.step_sync_local_ms == pytest.approx(300)
+    assert m.step_no_sync_ms == pytest.approx(250)
+    assert m.measured_exposed_ms == pytest.approx(200)  # sync − sync_local: differences 100 and 300 ms
     assert m.noise_ms == pytest.approx(200)  # 2 × stdev 141.4 / sqrt(2)
-    # backward 200 ms: bucket 0 ready at 100 ends at 150; bucket 1 ready at 200 ends at 300
+    assert m.ddp_overhead_ms == pytest.approx(50)  # sync_local − no_sync
+    # backward 200 ms (sync_local): bucket 0 ready at 100 ends at 150; bucket 1 ready at 200 ends at 300
+    assert m.backward_ms == pytest.approx(200)
     assert m.predicted_exposed_ms == pytest.approx(100)
     assert m.predicted_if_no_overlap_ms == pytest.approx(150)
     assert m.agrees and m.gradient_mb == 2.0 and m.buckets == 2
+    assert m.host_compute_share == 1.0 and m.predicted_with_contention_ms == pytest.approx(150)  # a CPU backward
+    emulated = summarise(raw, cfg="yolov5n", imgsz=64, batch=1, iters=2, world_size=2, emulate_device_ms=150)
+    assert emulated.host_compute_share == pytest.approx(0.25)  # 50 of the 200 ms backward computed by the host
+    assert emulated.predicted_with_contention_ms == pytest.approx(100 + 0.25 * (150 - 100))
     assert "bucket sizes equal to DDP's" in m.summary()

@@ -1,7 +1,11 @@
 """Checks the scaling model's overlap assumption on this machine: 2 Gloo processes train the same model
-with DDP, alternating steps with gradient sync and steps inside `no_sync()`. The measured cost of the
-sync (sync step − no-sync step) is compared with what `scaling.simulate_overlap` predicts from the
-measured backward time and the measured all-reduce time of each DDP bucket alone.
+with DDP, rotating through three kinds of step: inside `no_sync()`; with DDP's gradient sync but a comm
+hook that only scales each bucket locally (`sync_local`: DDP's bucket bookkeeping, no communication); and
+with the real all-reduce of every bucket (`sync`, the same hook calling torch's default all-reduce hook).
+The exposed communication, sync − sync_local (paired), is compared with what `scaling.simulate_overlap`
+predicts from the measured backward time and the measured all-reduce time of each DDP bucket alone.
+sync_local − no_sync, DDP's own host work per step (reducer bookkeeping, the 1/world scaling of every
+bucket), is reported beside it: on a CPU it is a pass over all gradient bytes, on a GPU a short kernel.
 
 The loss is a plain sum of the raw outputs' means: the backward through the network is what matters
 here, not the detection loss.
@@ -16,6 +20,7 @@ scaling model assumes: DDP's buckets go out while the rest of the backward still
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +35,28 @@ from yolov5_smddp.bench.scaling import bucket_ready_fractions, ddp_buckets, grad
 
 WARMUP_STEPS = 2  # DDP rebuilds its buckets in gradient-ready order after the first iteration
 COMM_REPEATS = 5
+STEP_KINDS = ("no_sync", "sync_local", "sync")
+
+
+class _CommSwitch:
+    """State of the comm hook: all-reduce the buckets (`communicate`) or only scale them locally."""
+
+    def __init__(self, world_size: int) -> None:
+        self.communicate = True
+        self.world_size = world_size
+
+
+def _switchable_allreduce(state: _CommSwitch, bucket):
+    """torch's default all-reduce hook (divide by the world size, all-reduce) when communicating; the same
+    division and an already completed future otherwise."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if state.communicate:
+        return default_hooks.allreduce_hook(None, bucket)
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer().div_(state.world_size))
+    return done
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,12 +77,16 @@ class OverlapMeasurement:
     forward_ms: float  # no-sync steps
     backward_ms: float  # no-sync steps
     step_no_sync_ms: float
+    step_sync_local_ms: float  # DDP's sync path with a local-only comm hook
     step_sync_ms: float
     bucket_allreduce_ms: float  # every bucket all-reduced alone, one after another, nothing else running
-    measured_exposed_ms: float  # step_sync − step_no_sync
-    noise_ms: float  # 2 × standard error of the paired (sync − no-sync) differences
+    measured_exposed_ms: float  # step_sync − step_sync_local (paired)
+    noise_ms: float  # 2 × standard error of the paired (sync − sync_local) differences
+    ddp_overhead_ms: float  # step_sync_local − step_no_sync: DDP's host work without communication
     predicted_exposed_ms: float  # the scaling model with the measured backward and bucket times
     predicted_if_no_overlap_ms: float  # = bucket_allreduce_ms: what no overlap at all would cost
+    host_compute_share: float  # part of the backward the host computes itself (not emulated device time)
+    predicted_with_contention_ms: float  # model + share × (no overlap − model): see contention_estimate
 
     @property
     def agrees(self) -> bool:
@@ -69,12 +100,16 @@ class OverlapMeasurement:
             f"Gloo ranks × {self.threads_per_rank} thread, {self.iters} paired steps, {self.buckets} buckets, "
             f"emulated device backward {self.emulate_device_ms:.0f} ms, "
             f"{self.gradient_mb:.1f} MB, bucket sizes {buckets} DDP's):\n"
-            f"  forward {self.forward_ms:.1f} ms, backward {self.backward_ms:.1f} ms, "
-            f"step no_sync {self.step_no_sync_ms:.1f} ms, step sync {self.step_sync_ms:.1f} ms\n"
+            f"  forward {self.forward_ms:.1f} ms, backward {self.backward_ms:.1f} ms (sync_local), "
+            f"step no_sync {self.step_no_sync_ms:.1f} ms, sync_local {self.step_sync_local_ms:.1f} ms, "
+            f"sync {self.step_sync_ms:.1f} ms\n"
+            f"  DDP's host work without communication (sync_local − no_sync) {self.ddp_overhead_ms:.1f} ms\n"
             f"  all-reduce of the buckets alone {self.bucket_allreduce_ms:.1f} ms\n"
             f"  exposed communication: measured {self.measured_exposed_ms:.1f} ± {self.noise_ms:.1f} ms, "
             f"model {self.predicted_exposed_ms:.1f} ms (no overlap would be {self.predicted_if_no_overlap_ms:.1f}"
-            f" ms) → {verdict}"
+            f" ms) → {verdict}\n"
+            f"  with the host's own compute share of the backward ({self.host_compute_share:.0%}) taking the "
+            f"cores from the communication: {self.predicted_with_contention_ms:.1f} ms expected"
         )
 
 
@@ -140,33 +175,32 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
         if emulate_device_ms > 0:
             _emulate_device_backward(model, images, emulate_device_ms / 1e3)
         ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
+        switch = _CommSwitch(world_size)
+        ddp.register_comm_hook(switch, _switchable_allreduce)
 
-        def step(sync: bool) -> tuple[float, float]:
+        def step(kind: str) -> tuple[float, float]:
+            switch.communicate = kind == "sync"
+            context = ddp.no_sync if kind == "no_sync" else contextlib.nullcontext
             dist.barrier()
             start = time.perf_counter()
-            if sync:
+            with context():
                 outputs = ddp(images)
-            else:
-                with ddp.no_sync():
-                    outputs = ddp(images)
-            loss = sum(o.mean() for o in outputs)
-            forward_done = time.perf_counter()
-            if sync:
+                loss = sum(o.mean() for o in outputs)
+                forward_done = time.perf_counter()
                 loss.backward()
-            else:
-                with ddp.no_sync():
-                    loss.backward()
             end = time.perf_counter()
-            ddp.zero_grad(set_to_none=True)
+            # zeroed in place, not freed: every kind of step then accumulates into the same gradient tensors
+            # (DDP's bucket views), so no kind is charged for memory another allocates
+            ddp.zero_grad(set_to_none=False)
             return forward_done - start, end - forward_done
 
         for _ in range(WARMUP_STEPS):
-            step(sync=True)
-        timings: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+            step("sync")
+        timings: dict[str, list[tuple[float, float]]] = {kind: [] for kind in STEP_KINDS}
         for i in range(iters):
-            order = (True, False) if i % 2 == 0 else (False, True)  # alternate to cancel drift
-            for sync in order:
-                timings[sync].append(step(sync))
+            for k in range(len(STEP_KINDS)):  # rotate the order to cancel drift
+                kind = STEP_KINDS[(i + k) % len(STEP_KINDS)]
+                timings[kind].append(step(kind))
 
         buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
         bucket_tensors = [torch.zeros(sum(tensor_bytes[i] for i in b) // 4) for b in buckets]
@@ -180,8 +214,7 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
 
         if rank == 0:
             Path(out_path).write_text(json.dumps({
-                "sync": timings[True],
-                "no_sync": timings[False],
+                **timings,
                 "bucket_s": [statistics.median(t) for t in per_bucket],
                 "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
                 "gradient_bytes": sum(tensor_bytes),
@@ -206,17 +239,26 @@ def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size:
                      emulate_device_ms=emulate_device_ms)
 
 
+def contention_estimate(model_exposed: float, no_overlap: float, host_compute_share: float) -> float:
+    """First-order exposed communication when the ranks' communication only progresses while their cores
+    are idle: the part of the backward the host computes itself (share h) hides nothing, the rest hides as
+    the model says, so exposed ≈ model + h × (no overlap − model). h = 0 is the model (an accelerator's
+    backward), h = 1 no overlap at all (a CPU backward on cores shared with the communication)."""
+    return model_exposed + host_compute_share * (no_overlap - model_exposed)
+
+
 def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int,
               emulate_device_ms: float = 0.0) -> OverlapMeasurement:
-    """Turns rank 0's raw timings (seconds) into the comparison."""
-    sync_steps = [f + b for f, b in raw["sync"]]
-    no_sync_steps = [f + b for f, b in raw["no_sync"]]
-    differences = [s - n for s, n in zip(sync_steps, no_sync_steps, strict=True)]
+    """Turns rank 0's raw timings (seconds; lists of (forward, backward) per kind of step) into the
+    comparison."""
+    steps = {kind: [f + b for f, b in raw[kind]] for kind in STEP_KINDS}
+    differences = [s - n for s, n in zip(steps["sync"], steps["sync_local"], strict=True)]
     spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
     noise_s = 2 * spread / math.sqrt(len(differences))
-    backward_s = statistics.mean(b for _, b in raw["no_sync"])
+    backward_s = statistics.mean(b for _, b in raw["sync_local"])
     bucket_s = raw["bucket_s"]
     predicted = simulate_overlap([r * backward_s for r in raw["ready"]], bucket_s, backward_s)
+    host_share = min(max(backward_s - emulate_device_ms / 1e3, 0.0) / backward_s, 1.0) if backward_s > 0 else 1.0
     return OverlapMeasurement(
         cfg=cfg,
         imgsz=imgsz,
@@ -229,13 +271,17 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
         gradient_mb=raw["gradient_bytes"] / 1e6,
         model_bucket_bytes=raw["model_bucket_bytes"],
         ddp_bucket_bytes=raw["ddp_bucket_bytes"],
-        forward_ms=statistics.mean(f for f, _ in raw["no_sync"]) * 1e3,
+        forward_ms=statistics.mean(f for f, _ in raw["sync_local"]) * 1e3,
         backward_ms=backward_s * 1e3,
-        step_no_sync_ms=statistics.mean(no_sync_steps) * 1e3,
-        step_sync_ms=statistics.mean(sync_steps) * 1e3,
+        step_no_sync_ms=statistics.mean(steps["no_sync"]) * 1e3,
+        step_sync_local_ms=statistics.mean(steps["sync_local"]) * 1e3,
+        step_sync_ms=statistics.mean(steps["sync"]) * 1e3,
         bucket_allreduce_ms=sum(bucket_s) * 1e3,
         measured_exposed_ms=statistics.mean(differences) * 1e3,
         noise_ms=noise_s * 1e3,
+        ddp_overhead_ms=(statistics.mean(steps["sync_local"]) - statistics.mean(steps["no_sync"])) * 1e3,
         predicted_exposed_ms=predicted.exposed_s * 1e3,
         predicted_if_no_overlap_ms=predicted.comm_s * 1e3,
+        host_compute_share=host_share,
+        predicted_with_contention_ms=contention_estimate(predicted.exposed_s, predicted.comm_s, host_share) * 1e3,
     )
