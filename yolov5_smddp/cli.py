@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 
+from yolov5_smddp import hostmem
 from yolov5_smddp.errors import UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    hostmem.tune_malloc()  # before any large allocation: see hostmem
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)

@@ -27,9 +27,10 @@ def main(argv: list[str]) -> int:
 
 
 def run_config(config) -> int:
-    from yolov5_smddp import distributed, trainer
+    from yolov5_smddp import distributed, hostmem, trainer
     from yolov5_smddp.config import resolve_output_dirs
 
+    hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
     info = distributed.detect_dist_info(os.environ)
     if info.rank == 0 and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

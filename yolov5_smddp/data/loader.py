@@ -78,7 +78,10 @@ def collate(batch: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, 
 def _worker_init(worker_id: int) -> None:
     import cv2
 
+    from yolov5_smddp import hostmem
+
     cv2.setNumThreads(0)  # one OpenCV thread per worker: workers are the parallelism
+    hostmem.tune_malloc()  # inherited when forked; needed when spawned
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
