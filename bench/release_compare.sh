@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side CPU training step: ours (`bench train --loader device`) against the YOLOv5 release
+# Side-by-side CPU training step (the input pipeline: bench/release_reference/release_data.py): ours (`bench train --loader device`) against the YOLOv5 release
 # (the PyPI package yolov5 7.0.14, in a throwaway image; never part of our image or repository), in
 # alternating rounds on the same machine, same torch, same batch, fp32.
 #
