@@ -27,7 +27,6 @@ def main() -> int:
 
     import cv2
     import yaml
-
     import yolov5  # the release
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
