@@ -74,8 +74,8 @@ class OverlapMeasurement:
     gradient_mb: float
     model_bucket_bytes: list[int]  # the scaling model's buckets
     ddp_bucket_bytes: list[int]  # the buckets DDP built (should be equal)
-    forward_ms: float  # no-sync steps
-    backward_ms: float  # no-sync steps
+    forward_ms: float  # sync_local steps
+    backward_ms: float  # sync_local steps
     step_no_sync_ms: float
     step_sync_local_ms: float  # DDP's sync path with a local-only comm hook
     step_sync_ms: float
@@ -252,6 +252,7 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
     """Turns rank 0's raw timings (seconds; lists of (forward, backward) per kind of step) into the
     comparison."""
     steps = {kind: [f + b for f, b in raw[kind]] for kind in STEP_KINDS}
+    mean_s = {kind: statistics.mean(times) for kind, times in steps.items()}
     differences = [s - n for s, n in zip(steps["sync"], steps["sync_local"], strict=True)]
     spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
     noise_s = 2 * spread / math.sqrt(len(differences))
@@ -273,13 +274,13 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
         ddp_bucket_bytes=raw["ddp_bucket_bytes"],
         forward_ms=statistics.mean(f for f, _ in raw["sync_local"]) * 1e3,
         backward_ms=backward_s * 1e3,
-        step_no_sync_ms=statistics.mean(steps["no_sync"]) * 1e3,
-        step_sync_local_ms=statistics.mean(steps["sync_local"]) * 1e3,
-        step_sync_ms=statistics.mean(steps["sync"]) * 1e3,
+        step_no_sync_ms=mean_s["no_sync"] * 1e3,
+        step_sync_local_ms=mean_s["sync_local"] * 1e3,
+        step_sync_ms=mean_s["sync"] * 1e3,
         bucket_allreduce_ms=sum(bucket_s) * 1e3,
         measured_exposed_ms=statistics.mean(differences) * 1e3,
         noise_ms=noise_s * 1e3,
-        ddp_overhead_ms=(statistics.mean(steps["sync_local"]) - statistics.mean(steps["no_sync"])) * 1e3,
+        ddp_overhead_ms=(mean_s["sync_local"] - mean_s["no_sync"]) * 1e3,
         predicted_exposed_ms=predicted.exposed_s * 1e3,
         predicted_if_no_overlap_ms=predicted.comm_s * 1e3,
         host_compute_share=host_share,
