@@ -173,6 +173,8 @@ cmd_test() {
     echo "== ruff + unit/integration tests inside $test_image" >&2
     docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
         ruff check --no-cache . || die "ruff check failed"
+    docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
+        ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
     run_pytest "unit/integration tests" docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 \
         "$test_image" python3 -m pytest -p no:cacheprovider -q -m "not docker" tests
 

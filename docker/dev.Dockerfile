@@ -1,7 +1,7 @@
 # Development/test layer on the stand-in base: the project's test tools. The source is mounted at /src.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
-RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff>=0.5" "pycocotools>=2.0.7"
+RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []

@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 
-BASE_ENTRYPOINT = os.environ.get("YOLOV5_SMDDP_BASE_ENTRYPOINT", "/usr/local/bin/start_with_right_hostname.sh")
+BASE_ENTRYPOINT = os.environ.get(
+    "YOLOV5_SMDDP_BASE_ENTRYPOINT", "/usr/local/bin/start_with_right_hostname.sh"
+)
 AFTER_SIGNAL_WAIT_S = 115.0
 
 
@@ -44,10 +46,16 @@ def prepare_train(args: list[str]) -> list[str]:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     if written is not None:
-        print(f"[yolov5-smddp] no SageMaker config mounted: wrote a single-host config in {written}", flush=True)
+        print(
+            f"[yolov5-smddp] no SageMaker config mounted: wrote a single-host config in {written}", flush=True
+        )
     elif len(args) > 1:
-        print(f"[yolov5-smddp] a SageMaker config is present: ignoring the arguments {args[1:]} "
-              "(hyperparameters come from hyperparameters.json)", file=sys.stderr, flush=True)
+        print(
+            f"[yolov5-smddp] a SageMaker config is present: ignoring the arguments {args[1:]} "
+            "(hyperparameters come from hyperparameters.json)",
+            file=sys.stderr,
+            flush=True,
+        )
     return ["train"]
 
 

@@ -3,7 +3,7 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
-        "pytest>=7" "ruff>=0.5" "pycocotools>=2.0.7"
+        "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []

@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instance-type", default="ml.p4d.24xlarge")
     p.add_argument("--instance-count", type=int, default=1)
     p.add_argument("--distribution", choices=DISTRIBUTIONS, default="smddp")
-    p.add_argument("--train", help="S3 prefix of the training channel (with data.yaml); omit for the embedded dataset")
+    p.add_argument(
+        "--train", help="S3 prefix of the training channel (with data.yaml); omit for the embedded dataset"
+    )
     p.add_argument("--val", help="S3 prefix of a separate validation channel")
     p.add_argument("--input-mode", default="FastFile", choices=("File", "FastFile", "Pipe"))
     p.add_argument("--checkpoints", help="S3 prefix synced with /opt/ml/checkpoints (needed for --spot)")
@@ -61,10 +63,20 @@ def spec_from_args(args: argparse.Namespace, source_dir: str | None = None) -> J
             raise SystemExit(f"--hp {item!r}: expected KEY=VALUE")
         hps[key] = value
     return JobSpec(
-        image_uri=args.image, role=args.role, instance_type=args.instance_type, instance_count=args.instance_count,
-        distribution=args.distribution, hyperparameters=hps, train_s3_uri=args.train, val_s3_uri=args.val,
-        input_mode=args.input_mode, checkpoint_s3_uri=args.checkpoints, output_path=args.output,
-        use_spot_instances=args.spot, max_run_s=args.max_run, source_dir=source_dir,
+        image_uri=args.image,
+        role=args.role,
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        distribution=args.distribution,
+        hyperparameters=hps,
+        train_s3_uri=args.train,
+        val_s3_uri=args.val,
+        input_mode=args.input_mode,
+        checkpoint_s3_uri=args.checkpoints,
+        output_path=args.output,
+        use_spot_instances=args.spot,
+        max_run_s=args.max_run,
+        source_dir=source_dir,
         entry_point="entrypoint.py" if source_dir else str(REPO / "entrypoint.py"),
     )
 
@@ -101,11 +113,19 @@ def launch_v3(spec: JobSpec, wait: bool, dry_run: bool) -> None:
     from sagemaker.train.distributed import Torchrun
     from sagemaker.train.model_trainer import ModelTrainer
 
-    classes = {"compute": Compute, "stopping_condition": StoppingCondition, "checkpoint_config": CheckpointConfig,
-               "source_code": SourceCode, "distributed": Torchrun, "output_data_config": OutputDataConfig}
+    classes = {
+        "compute": Compute,
+        "stopping_condition": StoppingCondition,
+        "checkpoint_config": CheckpointConfig,
+        "source_code": SourceCode,
+        "distributed": Torchrun,
+        "output_data_config": OutputDataConfig,
+    }
     trainer = ModelTrainer(**{k: classes[k](**v) if k in classes else v for k, v in kwargs.items()})
-    trainer.train(input_data_config=[InputData(channel_name=k, data_source=v) for k, v in channels.items()] or None,
-                  wait=wait)
+    trainer.train(
+        input_data_config=[InputData(channel_name=k, data_source=v) for k, v in channels.items()] or None,
+        wait=wait,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,8 +58,10 @@ class SweepRow:
 
 def sweep_points(nodes: Iterable[int], workers: Iterable[int], batches: Iterable[int]) -> list[SweepPoint]:
     """Every combination, sorted by (nodes, workers, batch)."""
-    points = [SweepPoint(nodes=n, workers=w, batch_per_gpu=b)
-              for n, w, b in itertools.product(nodes, workers, batches)]
+    points = [
+        SweepPoint(nodes=n, workers=w, batch_per_gpu=b)
+        for n, w, b in itertools.product(nodes, workers, batches)
+    ]
     for p in points:
         if min(p.nodes, p.batch_per_gpu) < 1 or p.workers < 0:
             raise ConfigError(f"sweep point {p}: nodes and batch per GPU must be >= 1, workers >= 0")
@@ -97,11 +99,12 @@ def metrics_from_model_tar(data: bytes, *, source: str = "model.tar.gz") -> dict
     is extracted to disk and only a regular file is read."""
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
-            members = [m for m in archive.getmembers()
-                       if m.isfile() and Path(m.name).name == METRICS_FILE]
+            members = [m for m in archive.getmembers() if m.isfile() and Path(m.name).name == METRICS_FILE]
             if not members:
-                raise DataError(f"{source}: no {METRICS_FILE} inside (files: "
-                                f"{', '.join(m.name for m in archive.getmembers()[:10]) or 'none'})")
+                raise DataError(
+                    f"{source}: no {METRICS_FILE} inside (files: "
+                    f"{', '.join(m.name for m in archive.getmembers()[:10]) or 'none'})"
+                )
             member = min(members, key=lambda m: m.name.count("/"))  # the shallowest one
             raw = archive.extractfile(member).read()
     except tarfile.TarError as exc:
@@ -135,13 +138,15 @@ def scaling_efficiency(results: Sequence[tuple[SweepPoint, str, float]]) -> list
     rows = []
     for point, job_name, thr in sorted(results, key=lambda r: r[0]):
         baseline = one_node.get((point.workers, point.batch_per_gpu))
-        rows.append(SweepRow(
-            point=point,
-            job_name=job_name,
-            samples_per_s=thr,
-            per_node_samples_per_s=thr / point.nodes,
-            efficiency=None if baseline is None else thr / (point.nodes * baseline),
-        ))
+        rows.append(
+            SweepRow(
+                point=point,
+                job_name=job_name,
+                samples_per_s=thr,
+                per_node_samples_per_s=thr / point.nodes,
+                efficiency=None if baseline is None else thr / (point.nodes * baseline),
+            )
+        )
     return rows
 
 
@@ -150,8 +155,10 @@ def format_rows(rows: Sequence[SweepRow]) -> str:
     lines = [header]
     for r in rows:
         eff = "-" if r.efficiency is None else f"{r.efficiency:.1%}"
-        lines.append(f"{r.point.nodes:>5} {r.point.workers:>7} {r.point.batch_per_gpu:>9} {r.samples_per_s:>11.1f} "
-                     f"{r.per_node_samples_per_s:>10.1f} {eff:>10}  {r.job_name}")
+        lines.append(
+            f"{r.point.nodes:>5} {r.point.workers:>7} {r.point.batch_per_gpu:>9} {r.samples_per_s:>11.1f} "
+            f"{r.per_node_samples_per_s:>10.1f} {eff:>10}  {r.job_name}"
+        )
     return "\n".join(lines)
 
 
@@ -175,6 +182,7 @@ def parse_hp(items: Sequence[str]) -> dict[str, str]:
 
 # --- the AWS side (not unit-tested: needs credentials) ---------------------------------------------------
 
+
 def submit_jobs(base: JobSpec, points: Sequence[SweepPoint]) -> list[dict]:
     """Starts every job without waiting; returns manifest entries {point, job_name}."""
     from sagemaker.inputs import TrainingInput
@@ -186,8 +194,9 @@ def submit_jobs(base: JobSpec, points: Sequence[SweepPoint]) -> list[dict]:
     for point, kwargs in zip(points, sweep_estimator_kwargs(base, points), strict=True):
         spec = job_spec_for(base, point)
         estimator = PyTorch(**kwargs)
-        channels = {name: TrainingInput(uri, input_mode=spec.input_mode)
-                    for name, uri in data_channels(spec).items()}
+        channels = {
+            name: TrainingInput(uri, input_mode=spec.input_mode) for name, uri in data_channels(spec).items()
+        }
         estimator.fit(channels or None, wait=False)
         job_name = estimator.latest_training_job.name
         print(f"submitted {job_name}: {point}")
@@ -200,8 +209,9 @@ def download_model_tar(job_name: str) -> bytes:
     import boto3
 
     sm = boto3.client("sagemaker")
-    sm.get_waiter("training_job_completed_or_stopped").wait(TrainingJobName=job_name,
-                                                            WaiterConfig={"Delay": 60, "MaxAttempts": 24 * 60})
+    sm.get_waiter("training_job_completed_or_stopped").wait(
+        TrainingJobName=job_name, WaiterConfig={"Delay": 60, "MaxAttempts": 24 * 60}
+    )
     job = sm.describe_training_job(TrainingJobName=job_name)
     if job["TrainingJobStatus"] != "Completed":
         raise DataError(f"job {job_name} ended {job['TrainingJobStatus']}: {job.get('FailureReason', '')}")
@@ -226,17 +236,26 @@ def main(argv: list[str] | None = None) -> int:
     submit.add_argument("--base-job-name", default="yolov5-sweep")
     submit.add_argument("--hp", action="append", default=[], help="train option key=value (repeatable)")
     collect = sub.add_parser("collect", help="wait for the jobs, read metrics.json, print efficiency")
-    collect.add_argument("--throughput-key", default=DEFAULT_THROUGHPUT_KEY,
-                         help="dotted path of total samples/s in metrics.json")
+    collect.add_argument(
+        "--throughput-key",
+        default=DEFAULT_THROUGHPUT_KEY,
+        help="dotted path of total samples/s in metrics.json",
+    )
     for p in (submit, collect):
         p.add_argument("--manifest", type=Path, default=Path("sweep.json"))
     args = parser.parse_args(argv)
 
     if args.action == "submit":
-        base = JobSpec(image_uri=args.image_uri, role=args.role, instance_type=args.instance_type,
-                       distribution=args.distribution, hyperparameters=parse_hp(args.hp),
-                       train_s3_uri=args.train_s3_uri, output_path=args.output_path,
-                       base_job_name=args.base_job_name)
+        base = JobSpec(
+            image_uri=args.image_uri,
+            role=args.role,
+            instance_type=args.instance_type,
+            distribution=args.distribution,
+            hyperparameters=parse_hp(args.hp),
+            train_s3_uri=args.train_s3_uri,
+            output_path=args.output_path,
+            base_job_name=args.base_job_name,
+        )
         entries = submit_jobs(base, sweep_points(args.nodes, args.workers, args.batch_per_gpu))
         args.manifest.write_text(json.dumps(entries, indent=2))
         print(f"wrote {args.manifest}; run `collect --manifest {args.manifest}` when the jobs are done")
@@ -246,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     for entry in json.loads(args.manifest.read_text()):
         name = entry["job_name"]
         metrics = metrics_from_model_tar(download_model_tar(name), source=f"{name}/model.tar.gz")
-        results.append((SweepPoint(**entry["point"]), name, throughput(metrics, args.throughput_key, source=name)))
+        results.append(
+            (SweepPoint(**entry["point"]), name, throughput(metrics, args.throughput_key, source=name))
+        )
     print(format_rows(scaling_efficiency(results)))
     return 0
 

@@ -44,7 +44,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, not a torch file, or containing objects that are not plain data
-        raise WeightsError(f"checkpoint {path} cannot be read safely ({exc}); delete it to start afresh") from exc
+        raise WeightsError(
+            f"checkpoint {path} cannot be read safely ({exc}); delete it to start afresh"
+        ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise WeightsError(f"checkpoint {path} is not a yolov5-smddp training checkpoint (format {FORMAT})")
     return state
@@ -62,10 +64,18 @@ def capture_rng_state() -> dict[str, Any]:
     py_version, py_internal, py_gauss = random.getstate()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": str(np_kind), "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "python": {"version": int(py_version), "internal": torch.tensor(py_internal, dtype=torch.int64),
-                   "gauss": py_gauss},
+        "numpy": {
+            "kind": str(np_kind),
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "python": {
+            "version": int(py_version),
+            "internal": torch.tensor(py_internal, dtype=torch.int64),
+            "gauss": py_gauss,
+        },
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -76,7 +86,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     """Inverse of capture_rng_state (CUDA states only when the device count matches)."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
     cuda = state.get("cuda")

@@ -146,13 +146,30 @@ class TrainConfig:
         for name in ("batch_size", "batch_per_gpu"):
             value = getattr(self, name)
             _check(value is None or value >= 1, _opt(name), value, "must be >= 1")
-        _check(self.imgsz >= 32 and self.imgsz % 32 == 0, "--imgsz", self.imgsz, "must be a multiple of 32 (>= 32)")
+        _check(
+            self.imgsz >= 32 and self.imgsz % 32 == 0,
+            "--imgsz",
+            self.imgsz,
+            "must be a multiple of 32 (>= 32)",
+        )
         _check(0 <= self.workers <= 64, "--workers", self.workers, "must be in 0..64")
-        _check(self.optimizer in OPTIMIZERS, "--optimizer", self.optimizer, f"must be one of {', '.join(OPTIMIZERS)}")
-        _check(0.0 <= self.label_smoothing < 1.0, "--label-smoothing", self.label_smoothing, "must be in [0, 1)")
+        _check(
+            self.optimizer in OPTIMIZERS,
+            "--optimizer",
+            self.optimizer,
+            f"must be one of {', '.join(OPTIMIZERS)}",
+        )
+        _check(
+            0.0 <= self.label_smoothing < 1.0, "--label-smoothing", self.label_smoothing, "must be in [0, 1)"
+        )
         _check(self.patience >= 0, "--patience", self.patience, "must be >= 0")
         _check(all(i >= 0 for i in self.freeze), "--freeze", self.freeze, "layer indices must be >= 0")
-        _check(self.cache in (None, *CACHE_MODES), "--cache", self.cache, "must be 'ram' (or absent); there is no disk cache")
+        _check(
+            self.cache in (None, *CACHE_MODES),
+            "--cache",
+            self.cache,
+            "must be 'ram' (or absent); there is no disk cache",
+        )
         _check(self.amp in AMP_MODES, "--amp", self.amp, f"must be one of {', '.join(AMP_MODES)}")
         _check(self.backend in BACKENDS, "--backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
         _check(self.log_every >= 1, "--log-every", self.log_every, "must be >= 1")
@@ -160,7 +177,9 @@ class TrainConfig:
         _check(0.0 <= self.val_conf < 1.0, "--val-conf", self.val_conf, "must be in [0, 1)")
         _check(0.0 < self.val_iou <= 1.0, "--val-iou", self.val_iou, "must be in (0, 1]")
         _check(self.max_det >= 1, "--max-det", self.max_det, "must be >= 1")
-        _check(self.max_nonfinite_steps >= 1, "--max-nonfinite-steps", self.max_nonfinite_steps, "must be >= 1")
+        _check(
+            self.max_nonfinite_steps >= 1, "--max-nonfinite-steps", self.max_nonfinite_steps, "must be >= 1"
+        )
         for key, value in self.hyp_overrides.items():
             check_hyp_value(key, value, source="--hyp-override")
         if len(self.freeze) == 1:  # the release's `--freeze 10`: the first 10 layers
@@ -296,12 +315,16 @@ def _int_list(text: str) -> list[int]:
     """'10', '0,1,2', '[0, 1, 2]' → list of ints."""
     value = _unquote(text)
     try:
-        parsed = json.loads(value) if value.startswith("[") else [int(v) for v in value.split(",") if v.strip()]
+        parsed = (
+            json.loads(value) if value.startswith("[") else [int(v) for v in value.split(",") if v.strip()]
+        )
         if isinstance(parsed, int):
             parsed = [parsed]
         return [int(v) for v in parsed]
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(f"expected a layer count or a list of layer indices, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected a layer count or a list of layer indices, got {text!r}"
+        ) from exc
 
 
 def parse_overrides(text: str) -> dict[str, float]:
@@ -321,7 +344,9 @@ def parse_overrides(text: str) -> dict[str, float]:
             out[key.strip()] = float(number)
         return out
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(f"expected key=value,key=value or a JSON object, got {text!r} ({exc})") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected key=value,key=value or a JSON object, got {text!r} ({exc})"
+        ) from exc
 
 
 def _choice(choices: tuple[str, ...]):
@@ -365,12 +390,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "cfg", type=_string, help="model config name (yolov5n/s/m/l/x) or YAML path")
     _add(parser, "weights", type=_optional_string, help="initial weights (ours or the release's .pt)")
     _add(parser, "hyp", type=_string, help="hyperparameters: scratch-low, scratch-high or a YAML path")
-    parser.add_argument("--hyp-override", "--hyp_override", "--hyp-overrides", "--hyp_overrides",
-                        dest="hyp_overrides", type=parse_overrides, help="key=value,... replacing hyperparameters")
+    parser.add_argument(
+        "--hyp-override",
+        "--hyp_override",
+        "--hyp-overrides",
+        "--hyp_overrides",
+        dest="hyp_overrides",
+        type=parse_overrides,
+        help="key=value,... replacing hyperparameters",
+    )
     _add(parser, "epochs", type=int)
     _add(parser, "batch-size", type=_optional_int, help="GLOBAL batch over all ranks (default 16)")
     _add(parser, "batch-per-gpu", type=_optional_int, help="batch per rank (alternative to --batch-size)")
-    parser.add_argument("--imgsz", "--img-size", "--img_size", "--img", dest="imgsz", type=int, help="image size")
+    parser.add_argument(
+        "--imgsz", "--img-size", "--img_size", "--img", dest="imgsz", type=int, help="image size"
+    )
     _add(parser, "workers", type=int, help="max DataLoader workers per rank")
     _add(parser, "optimizer", type=_choice(OPTIMIZERS))
     _add(parser, "cos-lr", help="cosine learning-rate decay", **flag)
@@ -415,8 +449,16 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
 def resolve_output_dirs(config: TrainConfig, cwd: Path) -> dict[str, Path]:
     """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`."""
     base = cwd / "runs" / "train"
-    defaults = {"model_dir": "model", "output_dir": "output", "checkpoint_dir": "checkpoints", "cache_dir": "cache"}
-    out = {key: Path(getattr(config, key)) if getattr(config, key) else base / sub for key, sub in defaults.items()}
+    defaults = {
+        "model_dir": "model",
+        "output_dir": "output",
+        "checkpoint_dir": "checkpoints",
+        "cache_dir": "cache",
+    }
+    out = {
+        key: Path(getattr(config, key)) if getattr(config, key) else base / sub
+        for key, sub in defaults.items()
+    }
     if config.tensorboard_dir:
         out["tensorboard_dir"] = Path(config.tensorboard_dir)
     return out

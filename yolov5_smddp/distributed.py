@@ -79,23 +79,31 @@ def detect_dist_info(
         rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
         local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
         local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        node_rank = rank // max(local_world, 1)  # OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index
+        node_rank = rank // max(
+            local_world, 1
+        )  # OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index
         launcher = "mpirun"
     else:
         return DistInfo(0, 0, 1, 1, 0, "127.0.0.1", DEFAULT_MASTER_PORT, "none")
     if not (0 <= rank < world and 0 <= local_rank < local_world):
-        raise ConfigError(f"inconsistent {launcher} environment: rank {rank}/{world}, local rank {local_rank}/{local_world}")
+        raise ConfigError(
+            f"inconsistent {launcher} environment: rank {rank}/{world}, local rank {local_rank}/{local_world}"
+        )
     master = environ.get("MASTER_ADDR") or None
     if master is None:
         master = default_master() if callable(default_master) else default_master
     if master is None:
         if world > local_world:
-            raise ConfigError(f"MASTER_ADDR is not set and no default master host is known for {world} ranks on several nodes")
+            raise ConfigError(
+                f"MASTER_ADDR is not set and no default master host is known for {world} ranks on several nodes"
+            )
         master = "127.0.0.1"
     port = _int(environ, "MASTER_PORT", DEFAULT_MASTER_PORT)
     agent_store = launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     use_libuv = environ.get("USE_LIBUV", "1") == "1"
-    return DistInfo(rank, local_rank, world, local_world, node_rank, master, port, launcher, agent_store, use_libuv)
+    return DistInfo(
+        rank, local_rank, world, local_world, node_rank, master, port, launcher, agent_store, use_libuv
+    )
 
 
 def smddp_importable() -> bool:
@@ -160,7 +168,9 @@ def init(info: DistInfo, backend: str, timeout_s: float) -> Any:
         timeout=timeout,
         use_libuv=info.use_libuv,
     )
-    dist.init_process_group(backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    dist.init_process_group(
+        backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
+    )
     return device
 
 

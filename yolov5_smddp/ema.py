@@ -24,7 +24,9 @@ class ModelEMA:
     """ema = d * ema + (1 - d) * model over every floating-point state tensor (BatchNorm buffers too),
     with d = decay * (1 - exp(-updates / tau)) so early updates follow the model closely."""
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
+    def __init__(
+        self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0
+    ) -> None:
         self.module = copy.deepcopy(unwrap(model)).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)

@@ -105,7 +105,9 @@ class TrainStep:
         self.nonfinite_run = self.nonfinite_run.to(self.device)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
 
-    def micro_step(self, imgs: torch.Tensor, targets: torch.Tensor, *, sync: bool, size: int | None = None) -> torch.Tensor:
+    def micro_step(
+        self, imgs: torch.Tensor, targets: torch.Tensor, *, sync: bool, size: int | None = None
+    ) -> torch.Tensor:
         """Forward + backward of one batch; gradients are all-reduced only when `sync` (DDP no_sync
         otherwise). imgs uint8 [B, 3, H, W] (host or device); targets [n, 6]. `size` resizes the batch
         (multi-scale). Returns the detached loss parts [3] (box, obj, cls), on the device."""
@@ -170,7 +172,14 @@ class StepSettings:
 
 
 def step_settings(
-    iteration: int, epoch: int, *, epochs: int, warmup_iters: int, hyp: dict, cosine: bool, nominal_accumulate: int
+    iteration: int,
+    epoch: int,
+    *,
+    epochs: int,
+    warmup_iters: int,
+    hyp: dict,
+    cosine: bool,
+    nominal_accumulate: int,
 ) -> StepSettings:
     """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`.
 
@@ -262,14 +271,27 @@ def train_one_epoch(
         epoch_meter.add(imgs.shape[0], waited)
         if count % log_every == 0 or count == 1:
             # the only host sync between epochs: losses, the non-finite counter and the stop flag
-            flags = torch.stack([step.nonfinite_run.float(), torch.tensor(float(stop_requested()), device=step.device)])
+            flags = torch.stack(
+                [step.nonfinite_run.float(), torch.tensor(float(stop_requested()), device=step.device)]
+            )
             distributed.all_reduce_sum(flags)
             nonfinite, stop = flags.tolist()
             mean = (loss_sum / count).tolist()
             rate = window.summary()
-            emit(metric_line(epoch=epoch + 1, step=count, loss=sum(mean), box_loss=mean[0], obj_loss=mean[1],
-                             cls_loss=mean[2], lr=settings.lrs["weight"], samples_per_sec=rate["samples_per_sec"],
-                             data_wait=rate["data_wait"]), main=main)
+            emit(
+                metric_line(
+                    epoch=epoch + 1,
+                    step=count,
+                    loss=sum(mean),
+                    box_loss=mean[0],
+                    obj_loss=mean[1],
+                    cls_loss=mean[2],
+                    lr=settings.lrs["weight"],
+                    samples_per_sec=rate["samples_per_sec"],
+                    data_wait=rate["data_wait"],
+                ),
+                main=main,
+            )
             window.reset()
             if nonfinite >= max_nonfinite_steps * world_size:
                 raise NonFiniteLossError(
@@ -293,7 +315,9 @@ def train_one_epoch(
             f"steps at the end of epoch {epoch + 1}; stopping. Lower lr0, check the labels, or try --amp off / bf16"
         )
     means = (loss_sum / max(count, 1)).tolist()
-    return EpochResult(means, epoch_meter.summary(), iteration - first_iteration, last_optimizer_iteration, stopped)
+    return EpochResult(
+        means, epoch_meter.summary(), iteration - first_iteration, last_optimizer_iteration, stopped
+    )
 
 
 # ------------------------------------------------------------------------------------------ evaluation
@@ -330,14 +354,20 @@ def evaluate(
         with amp.autocast():
             pred, _raw = model(x)
         height, width = x.shape[-2:]
-        detections = non_max_suppression(pred.float(), conf_thres, iou_thres, multi_label=True, max_det=max_det)
+        detections = non_max_suppression(
+            pred.float(), conf_thres, iou_thres, multi_label=True, max_det=max_det
+        )
         targets = targets.to(device)
         scale = torch.tensor([width, height, width, height], device=device, dtype=torch.float32)
         for i, dets in enumerate(detections):
             mine = targets[targets[:, 0] == i]
             original_hw, ratio_pad = shapes[i]
-            gt_boxes = scale_boxes(xywh_to_xyxy(mine[:, 2:6]) * scale, (height, width), original_hw, ratio_pad)
-            dets = torch.cat([scale_boxes(dets[:, :4], (height, width), original_hw, ratio_pad), dets[:, 4:]], 1)
+            gt_boxes = scale_boxes(
+                xywh_to_xyxy(mine[:, 2:6]) * scale, (height, width), original_hw, ratio_pad
+            )
+            dets = torch.cat(
+                [scale_boxes(dets[:, :4], (height, width), original_hw, ratio_pad), dets[:, 4:]], 1
+            )
             acc.update(dets, gt_boxes, mine[:, 1])
             if on_image is not None:
                 on_image(paths[i], dets)

@@ -61,6 +61,7 @@ def tune_malloc(environ: Mapping[str, str] | None = None) -> bool:
         return False
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     ok = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
-        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    )
     _applied = ok
     return ok

@@ -128,9 +128,13 @@ def _check(spec: JobSpec) -> None:
     if spec.max_wait_s is not None and not spec.use_spot_instances:
         raise ConfigError("max_wait_s is only valid with use_spot_instances=True")
     if spec.use_spot_instances and _max_wait(spec) < spec.max_run_s:
-        raise ConfigError(f"max_wait_s ({spec.max_wait_s}) must be >= max_run_s ({spec.max_run_s}) for spot jobs")
+        raise ConfigError(
+            f"max_wait_s ({spec.max_wait_s}) must be >= max_run_s ({spec.max_run_s}) for spot jobs"
+        )
     if spec.use_spot_instances and not spec.checkpoint_s3_uri:
-        raise ConfigError("use_spot_instances=True needs checkpoint_s3_uri, or an interrupted job restarts from zero")
+        raise ConfigError(
+            "use_spot_instances=True needs checkpoint_s3_uri, or an interrupted job restarts from zero"
+        )
 
 
 def _max_wait(spec: JobSpec) -> int:
@@ -193,8 +197,10 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
     """
     _check(spec)
     if spec.distribution == "smddp":
-        raise ConfigError("SDK v3 ModelTrainer has no SMDDP distribution: use pytorch_estimator_kwargs (SDK v2) "
-                          "or distribution 'torchrun'")
+        raise ConfigError(
+            "SDK v3 ModelTrainer has no SMDDP distribution: use pytorch_estimator_kwargs (SDK v2) "
+            "or distribution 'torchrun'"
+        )
     distribution_config(spec.distribution, spec.instance_type)
     stopping: dict = {"max_runtime_in_seconds": spec.max_run_s}
     if spec.use_spot_instances:
@@ -215,8 +221,10 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
     }
     if spec.distribution == "torchrun":
         if not spec.source_dir:
-            raise ConfigError("SDK v3 with distribution 'torchrun' needs source_dir: a local folder holding "
-                              f"{spec.entry_point} (a copy of the repo's entrypoint.py)")
+            raise ConfigError(
+                "SDK v3 with distribution 'torchrun' needs source_dir: a local folder holding "
+                f"{spec.entry_point} (a copy of the repo's entrypoint.py)"
+            )
         kwargs["source_code"] = {"source_dir": spec.source_dir, "entry_script": spec.entry_point}
         kwargs["distributed"] = {}
     if spec.checkpoint_s3_uri:

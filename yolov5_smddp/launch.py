@@ -82,27 +82,48 @@ def decide_launch(
     """
     if current_host not in hosts:
         raise ConfigError(f"current host {current_host!r} is not among the hosts {list(hosts)}")
-    port = _positive_int(master_port, "--master-port") or _positive_int(environ.get("MASTER_PORT"), "MASTER_PORT") \
+    port = (
+        _positive_int(master_port, "--master-port")
+        or _positive_int(environ.get("MASTER_PORT"), "MASTER_PORT")
         or DEFAULT_MASTER_PORT
+    )
     master = environ.get("MASTER_ADDR") or hosts[0]
     node_rank = list(hosts).index(current_host)
     if "RANK" in environ and "WORLD_SIZE" in environ:
         local_world = int(environ.get("LOCAL_WORLD_SIZE") or environ["WORLD_SIZE"])
         world = int(environ["WORLD_SIZE"])
-        return LaunchPlan(mode="torchrun", nnodes=max(world // max(local_world, 1), 1), nproc_per_node=local_world,
-                          node_rank=int(environ.get("GROUP_RANK") or node_rank), master_addr=master,
-                          master_port=port, local_rank=int(environ.get("LOCAL_RANK") or 0))
+        return LaunchPlan(
+            mode="torchrun",
+            nnodes=max(world // max(local_world, 1), 1),
+            nproc_per_node=local_world,
+            node_rank=int(environ.get("GROUP_RANK") or node_rank),
+            master_addr=master,
+            master_port=port,
+            local_rank=int(environ.get("LOCAL_RANK") or 0),
+        )
     if "OMPI_COMM_WORLD_RANK" in environ:
         world = int(environ.get("OMPI_COMM_WORLD_SIZE") or 1)
         local_world = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or world)
-        return LaunchPlan(mode="mpirun", nnodes=max(world // max(local_world, 1), 1), nproc_per_node=local_world,
-                          node_rank=int(environ.get("OMPI_COMM_WORLD_NODE_RANK") or node_rank), master_addr=master,
-                          master_port=port, local_rank=int(environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0),
-                          prefer_smddp=True)
+        return LaunchPlan(
+            mode="mpirun",
+            nnodes=max(world // max(local_world, 1), 1),
+            nproc_per_node=local_world,
+            node_rank=int(environ.get("OMPI_COMM_WORLD_NODE_RANK") or node_rank),
+            master_addr=master,
+            master_port=port,
+            local_rank=int(environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0),
+            prefer_smddp=True,
+        )
     nproc = _positive_int(nproc_per_node, "--nproc-per-node") or max(num_gpus, 1)
     mode = "single" if len(hosts) == 1 and nproc == 1 else "elastic"
-    return LaunchPlan(mode=mode, nnodes=len(hosts), nproc_per_node=nproc, node_rank=node_rank,
-                      master_addr=master, master_port=port)
+    return LaunchPlan(
+        mode=mode,
+        nnodes=len(hosts),
+        nproc_per_node=nproc,
+        node_rank=node_rank,
+        master_addr=master,
+        master_port=port,
+    )
 
 
 def elastic_config(plan: LaunchPlan, *, run_id: str, rdzv_timeout_s: int = 900) -> dict:
@@ -161,8 +182,11 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
         detail = " ".join(str(message).split()) if message else "see the worker's error in the log above"
         if "To enable traceback" in detail:
             detail = "see the worker's error in the log above"
-        raise WorkerFailed(f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
-                           f"{failure.exitcode}: {detail}", failure.exitcode) from exc
+        raise WorkerFailed(
+            f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
+            f"{failure.exitcode}: {detail}",
+            failure.exitcode,
+        ) from exc
     return 0
 
 

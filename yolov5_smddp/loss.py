@@ -130,7 +130,9 @@ class YoloLoss:
         gxy_inv = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
         frac_high = (gxy_inv % 1 < NEIGHBOUR_OFFSET) & (gxy_inv > 1)  # right / down
         own = torch.ones(n, dtype=torch.bool, device=device)
-        cell_ok = torch.stack((own, frac_low[:, 0], frac_low[:, 1], frac_high[:, 0], frac_high[:, 1]))  # [5, n]
+        cell_ok = torch.stack(
+            (own, frac_low[:, 0], frac_low[:, 1], frac_high[:, 0], frac_high[:, 1])
+        )  # [5, n]
         valid = (cell_ok[:, None, :] & shape_ok[None]).reshape(-1)  # [5 * na * n]
 
         target_idx = torch.arange(n, device=device).repeat(5 * na)
@@ -144,6 +146,11 @@ class YoloLoss:
         twh = torch.where(valid[:, None], gwh[target_idx], anchors[anchor_idx])
         tbox = torch.cat((cxy - torch.stack((gi, gj), 1), twh), 1)
         return {
-            "valid": valid, "b": targets[target_idx, 0].long(), "a": anchor_idx, "gj": gj, "gi": gi,
-            "cls": targets[target_idx, 1].long(), "tbox": tbox,
+            "valid": valid,
+            "b": targets[target_idx, 0].long(),
+            "a": anchor_idx,
+            "gj": gj,
+            "gi": gi,
+            "cls": targets[target_idx, 1].long(),
+            "tbox": tbox,
         }

@@ -154,7 +154,12 @@ class MetricAccumulator:
         """detections (Tensor[n, 6]) rows (x1, y1, x2, y2, conf, cls); gt_boxes [m, 4] xyxy; gt_cls [m]."""
         detections = detections.detach().float().cpu()
         correct = match_predictions(
-            detections[:, :4], detections[:, 4], detections[:, 5], gt_boxes.cpu(), gt_cls.cpu(), self.iou_thresholds
+            detections[:, :4],
+            detections[:, 4],
+            detections[:, 5],
+            gt_boxes.cpu(),
+            gt_cls.cpu(),
+            self.iou_thresholds,
         )
         self._correct.append(correct.numpy())
         self._conf.append(detections[:, 4].numpy())

@@ -146,8 +146,10 @@ def read_environment(
     if not current:
         current = hostname or socket.gethostname()
     if current not in hosts:
-        raise ConfigError(f"current host {current!r} is not among the job's hosts {hosts} "
-                          "(SM_CURRENT_HOST / resourceconfig.json current_host)")
+        raise ConfigError(
+            f"current host {current!r} is not among the job's hosts {hosts} "
+            "(SM_CURRENT_HOST / resourceconfig.json current_host)"
+        )
 
     gpus_raw = environ.get("SM_NUM_GPUS")
     cpus_raw = environ.get("SM_NUM_CPUS")
@@ -159,24 +161,37 @@ def read_environment(
     hps_source = _json_env(environ, "SM_HPS")
     if hps_source is None:
         raw = _read_json(config_dir / "hyperparameters.json")
-        hps_source = {k: _decode_hyperparameter(v) for k, v in (raw or {}).items()} if isinstance(raw, dict) else {}
+        hps_source = (
+            {k: _decode_hyperparameter(v) for k, v in (raw or {}).items()} if isinstance(raw, dict) else {}
+        )
     framework = _json_env(environ, "SM_FRAMEWORK_PARAMS")
     if framework is None:
         raw = _read_json(config_dir / "hyperparameters.json")
-        framework = {k: _decode_hyperparameter(v) for k, v in (raw or {}).items() if k.startswith("sagemaker_")} \
-            if isinstance(raw, dict) else {}
+        framework = (
+            {k: _decode_hyperparameter(v) for k, v in (raw or {}).items() if k.startswith("sagemaker_")}
+            if isinstance(raw, dict)
+            else {}
+        )
     user_hps = {k: v for k, v in hps_source.items() if not k.startswith("sagemaker_")}
 
     out_root = Path(output_root) if output_root is not None else None
     model_dir = out_root / "model" if out_root else Path(environ.get("SM_MODEL_DIR") or base / "model")
     output_dir = out_root / "output" if out_root else Path(environ.get("SM_OUTPUT_DIR") or base / "output")
-    output_data_dir = output_dir / "data" if out_root else Path(environ.get("SM_OUTPUT_DATA_DIR") or output_dir / "data")
-    intermediate = output_dir / "intermediate" if out_root else Path(
-        environ.get("SM_OUTPUT_INTERMEDIATE_DIR") or output_dir / "intermediate")
+    output_data_dir = (
+        output_dir / "data" if out_root else Path(environ.get("SM_OUTPUT_DATA_DIR") or output_dir / "data")
+    )
+    intermediate = (
+        output_dir / "intermediate"
+        if out_root
+        else Path(environ.get("SM_OUTPUT_INTERMEDIATE_DIR") or output_dir / "intermediate")
+    )
     checkpoint_dir = out_root / "checkpoints" if out_root else base / "checkpoints"
 
-    instance_type = (environ.get("SM_CURRENT_INSTANCE_TYPE") or resource.get("current_instance_type")
-                     or framework.get("sagemaker_instance_type"))
+    instance_type = (
+        environ.get("SM_CURRENT_INSTANCE_TYPE")
+        or resource.get("current_instance_type")
+        or framework.get("sagemaker_instance_type")
+    )
     return SageMakerEnv(
         base_dir=base,
         hosts=hosts,
@@ -192,7 +207,9 @@ def read_environment(
         hyperparameters=user_hps,
         framework_params=dict(framework),
         instance_type=str(instance_type) if instance_type else None,
-        network_interface=environ.get("SM_NETWORK_INTERFACE_NAME") or resource.get("network_interface_name") or "eth0",
+        network_interface=environ.get("SM_NETWORK_INTERFACE_NAME")
+        or resource.get("network_interface_name")
+        or "eth0",
         on_sagemaker=bool(resource) or "SM_HOSTS" in environ,
     )
 
@@ -271,17 +288,27 @@ def write_local_config(environ: Mapping[str, str], cli_args: Sequence[str], *, h
     data_root = base / "input" / "data"
     names = sorted(p.name for p in data_root.iterdir() if p.is_dir()) if data_root.is_dir() else []
     config_dir.mkdir(parents=True, exist_ok=True)
-    resource = {"current_host": hostname, "hosts": [hostname], "network_interface_name": "eth0",
-                "current_group_name": "homogeneousCluster", "current_instance_type": "local",
-                "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "local",
-                                     "hosts": [hostname]}]}
+    resource = {
+        "current_host": hostname,
+        "hosts": [hostname],
+        "network_interface_name": "eth0",
+        "current_group_name": "homogeneousCluster",
+        "current_instance_type": "local",
+        "instance_groups": [
+            {"instance_group_name": "homogeneousCluster", "instance_type": "local", "hosts": [hostname]}
+        ],
+    }
     hp_path = config_dir / "hyperparameters.json"
     if not hp_path.exists() or hps:
         hp_path.write_text(json.dumps(hps, indent=1))
     data_path = config_dir / "inputdataconfig.json"
     if not data_path.exists():
-        data_path.write_text(json.dumps({n: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}
-                                         for n in names}, indent=1))
+        data_path.write_text(
+            json.dumps(
+                {n: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for n in names},
+                indent=1,
+            )
+        )
     (config_dir / "resourceconfig.json").write_text(json.dumps(resource, indent=1))
     return config_dir
 
@@ -298,10 +325,13 @@ def failure_reason(exc: BaseException) -> str:
         return f"Training failed: {text}. The worker's full traceback is in the job's log (CloudWatch)."
     if isinstance(exc, UserError):
         kind = {ConfigError: "Invalid hyperparameter or option", DataError: "Dataset problem"}.get(
-            type(exc), "Invalid input")
+            type(exc), "Invalid input"
+        )
         return f"{kind}: {text}"
-    return (f"Training failed with {type(exc).__name__}: {text}. This is not a known input problem; "
-            "the full traceback is in the job's log (CloudWatch).")
+    return (
+        f"Training failed with {type(exc).__name__}: {text}. This is not a known input problem; "
+        "the full traceback is in the job's log (CloudWatch)."
+    )
 
 
 def write_failure(path: Path, reason: str, details: str = "") -> None:
@@ -319,15 +349,33 @@ def write_failure(path: Path, reason: str, details: str = "") -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Options of the entrypoint itself; everything else goes to `yolov5-smddp train`."""
     parser = argparse.ArgumentParser(
-        prog="entrypoint.py", allow_abbrev=False,
+        prog="entrypoint.py",
+        allow_abbrev=False,
         description="SageMaker entry: reads the SageMaker contract, checks the dataset, starts the workers. "
-                    "Any option not listed here is a training hyperparameter (see `yolov5-smddp train -h`).")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="put model/, output/ and checkpoints/ under this folder instead of /opt/ml")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=str, default=None,
-                        help="workers per host (default: one per GPU, one on a CPU host)")
-    parser.add_argument("--master-port", "--master_port", dest="master_port", type=str, default=None,
-                        help="rendezvous port on the first host (default 7777, or MASTER_PORT)")
+        "Any option not listed here is a training hyperparameter (see `yolov5-smddp train -h`).",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="put model/, output/ and checkpoints/ under this folder instead of /opt/ml",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=str,
+        default=None,
+        help="workers per host (default: one per GPU, one on a CPU host)",
+    )
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=str,
+        default=None,
+        help="rendezvous port on the first host (default 7777, or MASTER_PORT)",
+    )
     return parser
 
 
@@ -408,7 +456,11 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     yaml_path = train_channel / (data or "data.yaml")
     if not yaml_path.is_file():
         found = sorted(p.name for p in train_channel.glob("*.yaml"))
-        hint = f" (YAML files there: {', '.join(found)}; pass --data NAME)" if found else             " (put a data.yaml with train/val/names at the channel's top level, or pass --data PATH relative to it)"
+        hint = (
+            f" (YAML files there: {', '.join(found)}; pass --data NAME)"
+            if found
+            else " (put a data.yaml with train/val/names at the channel's top level, or pass --data PATH relative to it)"
+        )
         raise DataError(f"training channel {train_channel}: {yaml_path.name} not found{hint}")
     config = load_data_config(yaml_path, root_override=train_channel)
     val = [str(p) for p in config.val]
@@ -416,8 +468,13 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
         if not val_channel.is_dir():
             raise DataError(f"validation channel {val_channel} is not a folder (is the channel mounted?)")
         val = [str(val_channel)]
-    rebased = {"path": str(config.root), "train": [str(p) for p in config.train], "val": val,
-               "names": list(config.names), "nc": config.nc}
+    rebased = {
+        "path": str(config.root),
+        "train": [str(p) for p in config.train],
+        "val": val,
+        "names": list(config.names),
+        "nc": config.nc,
+    }
     if config.test:
         rebased["test"] = [str(p) for p in config.test]
     out = env.intermediate_dir / "data" / "data.yaml"
@@ -438,12 +495,28 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv) -> None:
 
     config = load_data_config(data_yaml)
     for split, sources in (("train", config.train), ("val", config.val)):
-        index = build_label_index(sources, nc=config.nc, root=config.root, cache_policy="rebuild",
-                                  cache_dir=env.cache_dir, workers=min(env.num_cpus, 16))
+        index = build_label_index(
+            sources,
+            nc=config.nc,
+            root=config.root,
+            cache_policy="rebuild",
+            cache_dir=env.cache_dir,
+            workers=min(env.num_cpus, 16),
+        )
         r = index.report
-        log.info("dataset check %s (%s): %d images, %d usable, %d missing labels, %d empty, %d bad, %d boxes; "
-                 "cache %s", split, ", ".join(str(s) for s in sources), r.found, r.usable, r.missing_labels,
-                 r.empty_labels, r.bad, r.boxes, r.cache)
+        log.info(
+            "dataset check %s (%s): %d images, %d usable, %d missing labels, %d empty, %d bad, %d boxes; "
+            "cache %s",
+            split,
+            ", ".join(str(s) for s in sources),
+            r.found,
+            r.usable,
+            r.missing_labels,
+            r.empty_labels,
+            r.bad,
+            r.boxes,
+            r.cache,
+        )
         for message in r.messages[:20]:
             log.warning("dataset %s: %s", split, message)
 
@@ -456,18 +529,32 @@ def _local_gpu_count(env: SageMakerEnv) -> int:
     return torch.cuda.device_count()
 
 
-def run_job(env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], environ: Mapping[str, str]) -> int:
+def run_job(
+    env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], environ: Mapping[str, str]
+) -> int:
     """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
     from yolov5_smddp import launch
     from yolov5_smddp.config import parse_train_args
 
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
-    plan = launch.decide_launch(environ, hosts=env.hosts, current_host=env.current_host,
-                                num_gpus=_local_gpu_count(env), nproc_per_node=own.nproc_per_node,
-                                master_port=own.master_port)
-    log.info("launch: %s, %d host(s) x %d worker(s), this host %s (node %d), master %s:%d",
-             plan.mode, plan.nnodes, plan.nproc_per_node, env.current_host, plan.node_rank,
-             plan.master_addr, plan.master_port)
+    plan = launch.decide_launch(
+        environ,
+        hosts=env.hosts,
+        current_host=env.current_host,
+        num_gpus=_local_gpu_count(env),
+        nproc_per_node=own.nproc_per_node,
+        master_port=own.master_port,
+    )
+    log.info(
+        "launch: %s, %d host(s) x %d worker(s), this host %s (node %d), master %s:%d",
+        plan.mode,
+        plan.nnodes,
+        plan.nproc_per_node,
+        env.current_host,
+        plan.node_rank,
+        plan.master_addr,
+        plan.master_port,
+    )
     data_yaml = prepare_data_yaml(env, config.data)
     if data_yaml is not None and plan.local_rank == 0:
         check_dataset(data_yaml, env)
@@ -489,11 +576,16 @@ def run_job(env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], e
 
         code = int(train_main(worker_args) or 0)
     else:
-        code = launch.run_elastic(plan, worker_args, run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp")
+        code = launch.run_elastic(
+            plan, worker_args, run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp"
+        )
     if code == launch.EXIT_INTERRUPTED:
-        raise launch.WorkerFailed(f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
-                                  f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
-                                  "same checkpoint folder resumes from it", code)
+        raise launch.WorkerFailed(
+            f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
+            f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
+            "same checkpoint folder resumes from it",
+            code,
+        )
     if code != 0:
         raise launch.WorkerFailed(f"training exited with code {code}; its error is in the log above", code)
     return 0

@@ -42,15 +42,32 @@ log = logging.getLogger("yolov5_smddp")
 NOMINAL_BATCH = 64
 MIN_WARMUP_ITERS = 100
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: checkpoint written, run again to resume
-RESULT_COLUMNS = ("epoch", "box_loss", "obj_loss", "cls_loss", "precision", "recall", "mAP50", "mAP50-95",
-                  "fitness", "lr_bias", "lr_weight", "lr_norm", "samples_per_sec", "data_wait", "epoch_seconds")
+RESULT_COLUMNS = (
+    "epoch",
+    "box_loss",
+    "obj_loss",
+    "cls_loss",
+    "precision",
+    "recall",
+    "mAP50",
+    "mAP50-95",
+    "fitness",
+    "lr_bias",
+    "lr_weight",
+    "lr_norm",
+    "samples_per_sec",
+    "data_wait",
+    "epoch_seconds",
+)
 DEFAULT_DATASET_NAME = "default-dataset"
 
 
 # ------------------------------------------------------------------------------------------ building
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
     """Three parameter groups named for the schedule: "weight" (conv/linear weights, with decay),
     "norm" (normalisation weights, no decay) and "bias" (all biases, no decay). Frozen parameters are left out."""
     weights, norms, biases = [], [], []
@@ -134,7 +151,9 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
     data = load_data_config(data_yaml)
     workers = max(1, min(os.cpu_count() or 1, 16))
-    train_index = build_label_index(data.train, nc=data.nc, root=data.root, cache_dir=cache_dir, workers=workers)
+    train_index = build_label_index(
+        data.train, nc=data.nc, root=data.root, cache_dir=cache_dir, workers=workers
+    )
     val_index = build_label_index(data.val, nc=data.nc, root=data.root, cache_dir=cache_dir, workers=workers)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
@@ -145,17 +164,50 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
     from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
 
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
-    train_set = YoloDataset(bundle.train_index, config.imgsz, augment=True, hyp=hyp, rect=config.rect,
-                            batch_size=per_rank, stride=stride, cache_images=config.cache, seed=config.seed)
-    train_loader = build_dataloader(train_set, batch_size=per_rank, rank=info.rank, world_size=info.world_size,
-                                    workers=workers, shuffle=not config.rect, seed=config.seed, drop_last=True)
+    train_set = YoloDataset(
+        bundle.train_index,
+        config.imgsz,
+        augment=True,
+        hyp=hyp,
+        rect=config.rect,
+        batch_size=per_rank,
+        stride=stride,
+        cache_images=config.cache,
+        seed=config.seed,
+    )
+    train_loader = build_dataloader(
+        train_set,
+        batch_size=per_rank,
+        rank=info.rank,
+        world_size=info.world_size,
+        workers=workers,
+        shuffle=not config.rect,
+        seed=config.seed,
+        drop_last=True,
+    )
     val_loader = None
     if info.rank == 0:
         val_batch = per_rank * 2
-        val_set = YoloDataset(bundle.val_index, config.imgsz, augment=False, hyp=hyp, rect=True,
-                              batch_size=val_batch, stride=stride, pad=0.5)
-        val_loader = build_dataloader(val_set, batch_size=val_batch, rank=0, world_size=1, workers=workers,
-                                      shuffle=False, seed=config.seed, drop_last=False)
+        val_set = YoloDataset(
+            bundle.val_index,
+            config.imgsz,
+            augment=False,
+            hyp=hyp,
+            rect=True,
+            batch_size=val_batch,
+            stride=stride,
+            pad=0.5,
+        )
+        val_loader = build_dataloader(
+            val_set,
+            batch_size=val_batch,
+            rank=0,
+            world_size=1,
+            workers=workers,
+            shuffle=False,
+            seed=config.seed,
+            drop_last=False,
+        )
     return train_loader, val_loader, workers
 
 
@@ -166,8 +218,13 @@ def load_initial_weights(model: nn.Module, path: str) -> None:
     report = transfer_state(model, loaded.state_dict, exclude=("anchors",))
     if report.loaded == 0:
         raise WeightsError(f"--weights {path}: no tensor matches the model (different architecture?)")
-    log.info("weights %s: %d tensors loaded, %d skipped (shape), %d missing", path, report.loaded,
-             len(report.skipped_shape), len(report.missing))
+    log.info(
+        "weights %s: %d tensors loaded, %d skipped (shape), %d missing",
+        path,
+        report.loaded,
+        len(report.skipped_shape),
+        len(report.missing),
+    )
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -215,7 +272,10 @@ class _StopOnSigterm:
 
     def _handle(self, signum, frame) -> None:
         if not self.requested:
-            print("SIGTERM received: finishing the current step, then writing a checkpoint and exiting", flush=True)
+            print(
+                "SIGTERM received: finishing the current step, then writing a checkpoint and exiting",
+                flush=True,
+            )
         self.requested = True
 
     def __exit__(self, *exc) -> None:
@@ -242,7 +302,9 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
     wants_smddp = config.backend == "smddp" or (config.backend == "auto" and cuda)
-    backend = distributed.choose_backend(config.backend, cuda, distributed.smddp_importable() if wants_smddp else False)
+    backend = distributed.choose_backend(
+        config.backend, cuda, distributed.smddp_importable() if wants_smddp else False
+    )
     device_type = "cuda" if cuda and backend in ("nccl", "smddp") else "cpu"
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
@@ -262,8 +324,16 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     device = distributed.init(info, backend, config.dist_timeout)
     seed_everything(config.seed + info.rank)
     if main:
-        log.info("backend=%s world_size=%d global_batch=%d per_rank=%d accumulate=%d amp=%s device=%s",
-                 backend, info.world_size, plan.global_batch, plan.per_rank, accumulate, amp.mode, device)
+        log.info(
+            "backend=%s world_size=%d global_batch=%d per_rank=%d accumulate=%d amp=%s device=%s",
+            backend,
+            info.world_size,
+            plan.global_batch,
+            plan.per_rank,
+            accumulate,
+            amp.mode,
+            device,
+        )
 
     # -- model, loss, EMA, optimizer
     from yolov5_smddp.loss import YoloLoss, scale_loss_gains
@@ -278,7 +348,10 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
     nl = model.detect.nl
-    loss_hyp = {**scale_loss_gains(hyp, nl, bundle.nc, config.imgsz), "label_smoothing": config.label_smoothing}
+    loss_hyp = {
+        **scale_loss_gains(hyp, nl, bundle.nc, config.imgsz),
+        "label_smoothing": config.label_smoothing,
+    }
     criterion = YoloLoss(model, loss_hyp)
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, config.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
@@ -294,17 +367,29 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             ema.load_state_dict(state["ema"])
             optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise WeightsError(f"checkpoint {resumable} does not fit this model/optimizer ({exc}); "
-                               f"use another --checkpoint-dir or delete it") from exc
+            raise WeightsError(
+                f"checkpoint {resumable} does not fit this model/optimizer ({exc}); "
+                f"use another --checkpoint-dir or delete it"
+            ) from exc
         scaler.load_state_dict(state["scaler"])
         start_epoch, iteration = int(state["epoch"]), int(state["iteration"])
         last_opt = iteration - 1
-        best_fitness, stale, history = float(state["best_fitness"]), int(state["stale_epochs"]), list(state["history"])
+        best_fitness, stale, history = (
+            float(state["best_fitness"]),
+            int(state["stale_epochs"]),
+            list(state["history"]),
+        )
         if main and state.get("rng") is not None:
             checkpoint.restore_rng_state(state["rng"])
         if main:
-            log.info("resuming from %s at epoch %d (iteration %d, trained on %d rank(s), now %d)", resumable,
-                     start_epoch + 1, iteration, int(state["world_size"]), info.world_size)
+            log.info(
+                "resuming from %s at epoch %d (iteration %d, trained on %d rank(s), now %d)",
+                resumable,
+                start_epoch + 1,
+                iteration,
+                int(state["world_size"]),
+                info.world_size,
+            )
 
     # every rank must resume from the same point (a checkpoint folder that is not shared or synced to
     # every node would silently desynchronise optimizer states)
@@ -321,29 +406,66 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
         net = wrap_ddp(model, device)
     if config.compile:
         net = torch.compile(net)
-    step = TrainStep(net, criterion, optimizer, scaler, ema, amp, device,
-                     loss_multiplier=float(info.world_size) if info.distributed else 1.0,
-                     channels_last=config.channels_last, inject_nonfinite_step=config.inject_nonfinite_step)
+    step = TrainStep(
+        net,
+        criterion,
+        optimizer,
+        scaler,
+        ema,
+        amp,
+        device,
+        loss_multiplier=float(info.world_size) if info.distributed else 1.0,
+        channels_last=config.channels_last,
+        inject_nonfinite_step=config.inject_nonfinite_step,
+    )
 
-    train_loader, val_loader, workers = build_loaders(config, bundle, hyp, plan.per_rank, info, int(model.stride.max()))
+    train_loader, val_loader, workers = build_loaders(
+        config, bundle, hyp, plan.per_rank, info, int(model.stride.max())
+    )
     batches = len(train_loader)
     warmup_iters = max(round(hyp["warmup_epochs"] * batches), MIN_WARMUP_ITERS)
     if main:
-        log.info("%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",
-                 len(bundle.train_index.images), batches, len(bundle.val_index.images), workers, warmup_iters)
+        log.info(
+            "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",
+            len(bundle.train_index.images),
+            batches,
+            len(bundle.val_index.images),
+            workers,
+            warmup_iters,
+        )
 
     def settings_for(epoch: int):
-        return lambda it: step_settings(it, epoch, epochs=config.epochs, warmup_iters=warmup_iters, hyp=hyp,
-                                        cosine=config.cos_lr, nominal_accumulate=accumulate)
+        return lambda it: step_settings(
+            it,
+            epoch,
+            epochs=config.epochs,
+            warmup_iters=warmup_iters,
+            hyp=hyp,
+            cosine=config.cos_lr,
+            nominal_accumulate=accumulate,
+        )
 
     def checkpoint_state(next_epoch: int, next_iteration: int) -> dict[str, Any]:
         return {
-            "model": unwrap(model).state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "schedule": {"kind": "cosine" if config.cos_lr else "linear",
-                                                         "warmup_iters": warmup_iters, "accumulate": accumulate},
-            "epoch": next_epoch, "iteration": next_iteration, "best_fitness": best_fitness, "stale_epochs": stale,
-            "history": history, "rng": checkpoint.capture_rng_state(), "config": config.to_dict(), "hyp": hyp,
-            "world_size": info.world_size, "global_batch": plan.global_batch,
+            "model": unwrap(model).state_dict(),
+            "ema": ema.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "schedule": {
+                "kind": "cosine" if config.cos_lr else "linear",
+                "warmup_iters": warmup_iters,
+                "accumulate": accumulate,
+            },
+            "epoch": next_epoch,
+            "iteration": next_iteration,
+            "best_fitness": best_fitness,
+            "stale_epochs": stale,
+            "history": history,
+            "rng": checkpoint.capture_rng_state(),
+            "config": config.to_dict(),
+            "hyp": hyp,
+            "world_size": info.world_size,
+            "global_batch": plan.global_batch,
         }
 
     # -- the epochs
@@ -357,18 +479,32 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             train_loader.sampler.set_epoch(epoch)
             epoch_first_iteration = iteration
             result = train_one_epoch(
-                step, train_loader, epoch=epoch, first_iteration=iteration, last_optimizer_iteration=last_opt,
-                settings_for=settings_for(epoch), log_every=config.log_every,
-                max_nonfinite_steps=config.max_nonfinite_steps, imgsz=config.imgsz, multi_scale=config.multi_scale,
-                stop_requested=lambda: stop.requested, main=main, world_size=info.world_size,
+                step,
+                train_loader,
+                epoch=epoch,
+                first_iteration=iteration,
+                last_optimizer_iteration=last_opt,
+                settings_for=settings_for(epoch),
+                log_every=config.log_every,
+                max_nonfinite_steps=config.max_nonfinite_steps,
+                imgsz=config.imgsz,
+                multi_scale=config.multi_scale,
+                stop_requested=lambda: stop.requested,
+                main=main,
+                world_size=info.world_size,
             )
             iteration, last_opt = iteration + result.iterations, result.last_optimizer_iteration
             if result.stopped:
                 # restart this epoch on resume (same learning rates as an uninterrupted run)
                 if main:
-                    checkpoint.save_checkpoint(dirs["checkpoint_dir"], checkpoint_state(epoch, epoch_first_iteration))
-                    print(f"interrupted in epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                          f"written; run the same command again to resume", flush=True)
+                    checkpoint.save_checkpoint(
+                        dirs["checkpoint_dir"], checkpoint_state(epoch, epoch_first_iteration)
+                    )
+                    print(
+                        f"interrupted in epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
+                        f"written; run the same command again to resume",
+                        flush=True,
+                    )
                 interrupted = True
                 break
             throughputs.append(result.throughput)
@@ -377,9 +513,16 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             metrics = None
             last_epoch = epoch + 1 == config.epochs
             if main and val_loader is not None and (not config.noval or last_epoch):
-                metrics = evaluate(ema.module, val_loader, device=device, amp=amp, conf_thres=config.val_conf,
-                                   iou_thres=config.val_iou, max_det=config.max_det,
-                                   should_stop=lambda: stop.requested)  # None when SIGTERM cut it short
+                metrics = evaluate(
+                    ema.module,
+                    val_loader,
+                    device=device,
+                    amp=amp,
+                    conf_thres=config.val_conf,
+                    iou_thres=config.val_iou,
+                    max_det=config.max_det,
+                    should_stop=lambda: stop.requested,
+                )  # None when SIGTERM cut it short
             improved = False
             if main:
                 fit = metrics.fitness if metrics is not None else -1.0
@@ -388,19 +531,35 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     best_fitness, stale = fit, 0
                 elif metrics is not None:
                     stale += 1
-                row = {"epoch": epoch + 1, "box_loss": result.losses[0], "obj_loss": result.losses[1],
-                       "cls_loss": result.losses[2], "lr_bias": lrs["bias"], "lr_weight": lrs["weight"],
-                       "lr_norm": lrs["norm"], "samples_per_sec": result.throughput["samples_per_sec"],
-                       "data_wait": result.throughput["data_wait"],
-                       "epoch_seconds": time.perf_counter() - epoch_started}
+                row = {
+                    "epoch": epoch + 1,
+                    "box_loss": result.losses[0],
+                    "obj_loss": result.losses[1],
+                    "cls_loss": result.losses[2],
+                    "lr_bias": lrs["bias"],
+                    "lr_weight": lrs["weight"],
+                    "lr_norm": lrs["norm"],
+                    "samples_per_sec": result.throughput["samples_per_sec"],
+                    "data_wait": result.throughput["data_wait"],
+                    "epoch_seconds": time.perf_counter() - epoch_started,
+                }
                 if metrics is not None:
                     row.update(metrics.to_dict())
                     final_metrics = metrics
                 history.append(row)
-                emit(metric_line(epoch=epoch + 1, epochs=config.epochs, **{k: v for k, v in row.items() if k != "epoch"},
-                                 samples_per_sec_per_gpu=result.throughput["samples_per_sec_per_gpu"],
-                                 peak_mem_gb=peak_memory_gb(device)), main=True)
-                checkpoint.save_checkpoint(dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved)
+                emit(
+                    metric_line(
+                        epoch=epoch + 1,
+                        epochs=config.epochs,
+                        **{k: v for k, v in row.items() if k != "epoch"},
+                        samples_per_sec_per_gpu=result.throughput["samples_per_sec_per_gpu"],
+                        peak_mem_gb=peak_memory_gb(device),
+                    ),
+                    main=True,
+                )
+                checkpoint.save_checkpoint(
+                    dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved
+                )
                 write_results_csv(dirs["output_dir"] / "results.csv", history)
                 if board is not None:
                     for key, value in row.items():
@@ -411,8 +570,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
             if sigterm and epoch + 1 < config.epochs:
                 if main:
-                    print(f"interrupted after epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                          f"written; run the same command again to resume", flush=True)
+                    print(
+                        f"interrupted after epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
+                        f"written; run the same command again to resume",
+                        flush=True,
+                    )
                 interrupted = True
                 break
             if stop_early:
@@ -423,12 +585,16 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     if board is not None:
         board.close()
     if main and not interrupted:
-        write_final_outputs(config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device)
+        write_final_outputs(
+            config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
+        )
     distributed.barrier()
     return EXIT_INTERRUPTED if interrupted else 0
 
 
-def write_final_outputs(config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device) -> None:
+def write_final_outputs(
+    config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
+) -> None:
     """best EMA weights (float16, our format), resolved config and metrics.json in model_dir."""
     from yolov5_smddp.models.weights import save_weights
 
@@ -437,8 +603,15 @@ def write_final_outputs(config, hyp, model, ema, dirs, history, final_metrics, t
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
     meta = {"train_config": config.to_dict(), "hyp": hyp, "epochs_trained": len(history)}
     save_weights(dirs["model_dir"] / "best.pt", ema.module, meta=meta, half=True)
-    write_json(dirs["model_dir"] / "config.json", {"train_config": config.to_dict(), "hyp": hyp,
-                                                   "names": list(unwrap(model).names), "world_size": info.world_size})
+    write_json(
+        dirs["model_dir"] / "config.json",
+        {
+            "train_config": config.to_dict(),
+            "hyp": hyp,
+            "names": list(unwrap(model).names),
+            "world_size": info.world_size,
+        },
+    )
     best_row = max((r for r in history if "fitness" in r), key=lambda r: r["fitness"], default=None)
     rates = [t["samples_per_sec"] for t in throughputs]
     summary = {
@@ -458,4 +631,3 @@ def write_final_outputs(config, hyp, model, ema, dirs, history, final_metrics, t
     }
     write_json(dirs["model_dir"] / "metrics.json", summary)
     log.info("done: %s", json.dumps(summary["final"]))
-

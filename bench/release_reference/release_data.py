@@ -44,7 +44,9 @@ def main() -> int:
         train_dir = str(cfg.train[0]) if isinstance(cfg.train, list | tuple) else str(cfg.train)
 
         start = time.perf_counter()
-        index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=Path(tmp) / "ours-cache", workers=8)
+        index = build_label_index(
+            cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=Path(tmp) / "ours-cache", workers=8
+        )
         ours_scan = index.report.found / (time.perf_counter() - start)
         start = time.perf_counter()
         theirs = LoadImagesAndLabels(train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp)
@@ -52,19 +54,25 @@ def main() -> int:
 
         cv2.setNumThreads(1)
         ours = YoloDataset(index, args.imgsz, augment=True, hyp={})
-        rates = interleaved_rates({"ours": _sample_stream(ours), "release": _sample_stream(theirs)},
-                                  args.iters, args.rounds)
+        rates = interleaved_rates(
+            {"ours": _sample_stream(ours), "release": _sample_stream(theirs)}, args.iters, args.rounds
+        )
     result = {
-        "images": args.images, "imgsz": args.imgsz,
+        "images": args.images,
+        "imgsz": args.imgsz,
         "label_scan_pairs_per_s": {"ours": ours_scan, "release": theirs_scan},
         "mosaic_samples_per_s_1proc": {k: v[0] for k, v in rates.items()},
         "mosaic_samples_per_s_1proc_best_round": {k: v[1] for k, v in rates.items()},
     }
     m = result["mosaic_samples_per_s_1proc"]
-    print(f"label scan, no cache: ours {ours_scan:,.0f} pairs/s, release {theirs_scan:,.0f} pairs/s "
-          f"({ours_scan / theirs_scan:.2f}x)")
-    print(f"mosaic at {args.imgsz}, 1 process: ours {m['ours']:.1f} samples/s, release {m['release']:.1f} "
-          f"samples/s ({m['ours'] / m['release']:.2f}x)")
+    print(
+        f"label scan, no cache: ours {ours_scan:,.0f} pairs/s, release {theirs_scan:,.0f} pairs/s "
+        f"({ours_scan / theirs_scan:.2f}x)"
+    )
+    print(
+        f"mosaic at {args.imgsz}, 1 process: ours {m['ours']:.1f} samples/s, release {m['release']:.1f} "
+        f"samples/s ({m['ours'] / m['release']:.2f}x)"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

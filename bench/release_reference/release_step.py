@@ -93,15 +93,25 @@ def main() -> int:
             optim.append((t2 - t1) * 1e3)
     steps = [a + b for a, b in zip(forward_backward, optim)]
     result = {
-        "implementation": "release (pip yolov5 7.0.14)", "cfg": args.cfg, "imgsz": args.imgsz,
-        "batch": args.batch, "threads": threads, "threads_setting": args.threads, "iters": args.iters,
-        "step_ms_mean": statistics.mean(steps), "step_ms_median": statistics.median(steps),
-        "forward_backward_ms_mean": statistics.mean(forward_backward), "optimizer_ms_mean": statistics.mean(optim),
-        "step_ms": steps, "torch": torch.__version__,
+        "implementation": "release (pip yolov5 7.0.14)",
+        "cfg": args.cfg,
+        "imgsz": args.imgsz,
+        "batch": args.batch,
+        "threads": threads,
+        "threads_setting": args.threads,
+        "iters": args.iters,
+        "step_ms_mean": statistics.mean(steps),
+        "step_ms_median": statistics.median(steps),
+        "forward_backward_ms_mean": statistics.mean(forward_backward),
+        "optimizer_ms_mean": statistics.mean(optim),
+        "step_ms": steps,
+        "torch": torch.__version__,
     }
-    print(f"release {args.cfg} b{args.batch}@{args.imgsz} fp32, {threads} thread(s) ({args.threads}): "
-          f"step {result['step_ms_mean']:.1f} ms mean, {result['step_ms_median']:.1f} median "
-          f"(forward+backward {result['forward_backward_ms_mean']:.1f}, optimizer {result['optimizer_ms_mean']:.1f})")
+    print(
+        f"release {args.cfg} b{args.batch}@{args.imgsz} fp32, {threads} thread(s) ({args.threads}): "
+        f"step {result['step_ms_mean']:.1f} ms mean, {result['step_ms_median']:.1f} median "
+        f"(forward+backward {result['forward_backward_ms_mean']:.1f}, optimizer {result['optimizer_ms_mean']:.1f})"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -14,13 +14,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and quick on a 2-core CPU: yolov5n, 64 px, one epoch.
-TINY_HPS = {"cfg": "yolov5n", "epochs": "1", "imgsz": "64", "batch-size": "8", "workers": "0",
-            "log-every": "1", "dist-timeout": "60"}
+TINY_HPS = {
+    "cfg": "yolov5n",
+    "epochs": "1",
+    "imgsz": "64",
+    "batch-size": "8",
+    "workers": "0",
+    "log-every": "1",
+    "dist-timeout": "60",
+}
 
 
 def docker(*args: str, check: bool = True, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
     """Run the docker CLI (a list of words, never a shell string); text output captured."""
-    return subprocess.run(["docker", *args], check=check, timeout=timeout, capture_output=True, text=True, **kwargs)
+    return subprocess.run(
+        ["docker", *args], check=check, timeout=timeout, capture_output=True, text=True, **kwargs
+    )
 
 
 def _engine_reason() -> str | None:
@@ -77,16 +86,34 @@ def dataset(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def opt_ml_tree(root: Path, *, host: str, hosts: list[str], hps: dict[str, str], channels: tuple[str, ...] = ()) -> Path:
+def opt_ml_tree(
+    root: Path, *, host: str, hosts: list[str], hps: dict[str, str], channels: tuple[str, ...] = ()
+) -> Path:
     """A /opt/ml tree as SageMaker lays it out for `host`: input/config/*.json, model, output, checkpoints."""
     config = root / "input" / "config"
     config.mkdir(parents=True)
-    (config / "resourceconfig.json").write_text(json.dumps({
-        "current_host": host, "hosts": hosts, "network_interface_name": "eth0", "current_group_name": "homogeneousCluster",
-        "current_instance_type": "ml.c5.xlarge",
-        "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.c5.xlarge", "hosts": hosts}]}))
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {
+                "current_host": host,
+                "hosts": hosts,
+                "network_interface_name": "eth0",
+                "current_group_name": "homogeneousCluster",
+                "current_instance_type": "ml.c5.xlarge",
+                "instance_groups": [
+                    {
+                        "instance_group_name": "homogeneousCluster",
+                        "instance_type": "ml.c5.xlarge",
+                        "hosts": hosts,
+                    }
+                ],
+            }
+        )
+    )
     (config / "hyperparameters.json").write_text(json.dumps(hps))
-    (config / "inputdataconfig.json").write_text(json.dumps({c: {"TrainingInputMode": "File"} for c in channels}))
+    (config / "inputdataconfig.json").write_text(
+        json.dumps({c: {"TrainingInputMode": "File"} for c in channels})
+    )
     for sub in ("model", "output", "checkpoints"):
         (root / sub).mkdir()
     return root

@@ -16,16 +16,32 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 HOSTS = ["algo-1", "algo-2"]
 
 
-def _start_cluster(image: str, dataset: Path, tmp_path: Path, network: str, containers: list[str],
-                   hps: dict[str, str]) -> dict[str, Path]:
+def _start_cluster(
+    image: str, dataset: Path, tmp_path: Path, network: str, containers: list[str], hps: dict[str, str]
+) -> dict[str, Path]:
     roots = {}
     tag = uuid.uuid4().hex[:6]
     for host in HOSTS:
         root = opt_ml_tree(tmp_path / host, host=host, hosts=HOSTS, hps=hps, channels=("training",))
         name = f"yolov5-smddp-{host}-{tag}"
         containers.append(name)
-        docker("run", "-d", "--name", name, "--hostname", host, "--network", network, "--network-alias", host,
-               "--shm-size", "512m", *opt_ml_mounts(root, {"training": dataset}), image, "train")
+        docker(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--hostname",
+            host,
+            "--network",
+            network,
+            "--network-alias",
+            host,
+            "--shm-size",
+            "512m",
+            *opt_ml_mounts(root, {"training": dataset}),
+            image,
+            "train",
+        )
         roots[host] = root
     return roots
 
@@ -49,8 +65,11 @@ def test_two_hosts_without_distribution_use_our_launcher(image, dataset, tmp_pat
 
 
 def test_two_hosts_with_the_toolkits_smddp_mpirun_launch(image, dataset, tmp_path, network, containers):
-    hps = {**TINY_HPS, "sagemaker_distributed_dataparallel_enabled": "true",
-           "sagemaker_instance_type": json.dumps("ml.p4d.24xlarge")}
+    hps = {
+        **TINY_HPS,
+        "sagemaker_distributed_dataparallel_enabled": "true",
+        "sagemaker_instance_type": json.dumps("ml.p4d.24xlarge"),
+    }
     roots = _start_cluster(image, dataset, tmp_path, network, containers, hps)
     code, log1 = _wait(containers[0], 900)
     assert code == 0, log1[-4000:]

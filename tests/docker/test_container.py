@@ -20,8 +20,16 @@ def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: 
     touch it) and a read-only training channel holding a stale release-format cache."""
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=TINY_HPS, channels=("training",))
     before = (root / "input" / "config" / "hyperparameters.json").read_text()
-    run = docker("run", "--rm", "--hostname", "algo-1", *opt_ml_mounts(root, {"training": dataset}), image, "train",
-                 check=False)
+    run = docker(
+        "run",
+        "--rm",
+        "--hostname",
+        "algo-1",
+        *opt_ml_mounts(root, {"training": dataset}),
+        image,
+        "train",
+        check=False,
+    )
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "Invoking user training script" in log  # the real toolkit ran our program
@@ -49,10 +57,20 @@ def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_p
 def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path):
     channel = tmp_path / "channel"
     (channel / "images").mkdir(parents=True)
-    (channel / "data.yaml").write_text("path: /somewhere/else\ntrain: images/train2017\nval: images/val2017\nnames: [a]\n")
+    (channel / "data.yaml").write_text(
+        "path: /somewhere/else\ntrain: images/train2017\nval: images/val2017\nnames: [a]\n"
+    )
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=TINY_HPS, channels=("training",))
-    run = docker("run", "--rm", "--hostname", "algo-1", *opt_ml_mounts(root, {"training": channel}), image, "train",
-                 check=False)
+    run = docker(
+        "run",
+        "--rm",
+        "--hostname",
+        "algo-1",
+        *opt_ml_mounts(root, {"training": channel}),
+        image,
+        "train",
+        check=False,
+    )
     assert run.returncode != 0
     reason = (root / "output" / "failure").read_text()[:1024]
     first = reason.splitlines()[0]
@@ -83,13 +101,24 @@ def _wait_for(container: str, text: str, timeout: float) -> str:
     raise AssertionError(f"{container} did not print {text!r} within {timeout} s")
 
 
-def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_path: Path, containers: list[str]):
+def test_sigterm_leaves_a_resumable_checkpoint(
+    image: str, dataset: Path, tmp_path: Path, containers: list[str]
+):
     hps = {**TINY_HPS, "epochs": "50"}
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=hps, channels=("training",))
     name = f"yolov5-smddp-sigterm-{uuid.uuid4().hex[:6]}"
     containers.append(name)
-    docker("run", "-d", "--name", name, "--hostname", "algo-1", *opt_ml_mounts(root, {"training": dataset}),
-           image, "train")
+    docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--hostname",
+        "algo-1",
+        *opt_ml_mounts(root, {"training": dataset}),
+        image,
+        "train",
+    )
     _wait_for(name, "epoch=2", timeout=600)
     docker("stop", "-t", "90", name)  # SIGTERM, as StopTrainingJob / a spot interruption sends it
     state = json.loads(docker("inspect", name).stdout)[0]["State"]
@@ -107,10 +136,19 @@ def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_pa
     assert stopped, log[-4000:]
     interrupted = int(stopped.group(1))
     (root / "input" / "config" / "hyperparameters.json").write_text(
-        json.dumps({**hps, "epochs": str(interrupted + 1)}))
+        json.dumps({**hps, "epochs": str(interrupted + 1)})
+    )
     (root / "output" / "failure").unlink()
-    run = docker("run", "--rm", "--hostname", "algo-1", *opt_ml_mounts(root, {"training": dataset}), image, "train",
-                 check=False)
+    run = docker(
+        "run",
+        "--rm",
+        "--hostname",
+        "algo-1",
+        *opt_ml_mounts(root, {"training": dataset}),
+        image,
+        "train",
+        check=False,
+    )
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "resuming from /opt/ml/checkpoints/last.pt" in log

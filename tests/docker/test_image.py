@@ -34,11 +34,17 @@ def test_child_image_with_its_own_data_builds_and_trains(image: str, dataset: Pa
     context = tmp_path / "child"
     shutil.copytree(dataset, context / "data", ignore=shutil.ignore_patterns("*.cache"))
     (context / "data" / "data.yaml").write_text(
-        (dataset / "data.yaml").read_text().replace("path: .", "path: /opt/child-data"))
-    args = json.dumps(["train", "--data", "/opt/child-data/data.yaml",
-                       *[w for k, v in TINY_HPS.items() for w in (f"--{k}", v)]])
-    (context / "Dockerfile").write_text(
-        f"FROM {image}\nCOPY data /opt/child-data\nCMD {args}\n")
+        (dataset / "data.yaml").read_text().replace("path: .", "path: /opt/child-data")
+    )
+    args = json.dumps(
+        [
+            "train",
+            "--data",
+            "/opt/child-data/data.yaml",
+            *[w for k, v in TINY_HPS.items() for w in (f"--{k}", v)],
+        ]
+    )
+    (context / "Dockerfile").write_text(f"FROM {image}\nCOPY data /opt/child-data\nCMD {args}\n")
     tag = f"yolov5-smddp-child-test:{uuid.uuid4().hex[:8]}"
     docker("build", "-q", "-t", tag, str(context))
     try:
@@ -62,14 +68,19 @@ def _free_port() -> int:
 def local_registry(tmp_path: Path):
     """Debian's docker-registry on 127.0.0.1 only (nothing outside this machine)."""
     binary = shutil.which("docker-registry") or (
-        "/usr/bin/docker-registry" if os.path.exists("/usr/bin/docker-registry") else None)
+        "/usr/bin/docker-registry" if os.path.exists("/usr/bin/docker-registry") else None
+    )
     if binary is None:
         pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
     port = _free_port()
     config = tmp_path / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen(
+        [binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -86,8 +97,21 @@ def local_registry(tmp_path: Path):
 
 
 def test_build_sh_push_to_a_registry_then_pull_and_run(image: str, local_registry: str):
-    push = subprocess.run([str(REPO / "build.sh"), "push", "--registry", local_registry, "--repo", "yolov5-smddp",
-                           "--image", image], capture_output=True, text=True, timeout=1800)
+    push = subprocess.run(
+        [
+            str(REPO / "build.sh"),
+            "push",
+            "--registry",
+            local_registry,
+            "--repo",
+            "yolov5-smddp",
+            "--image",
+            image,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert push.returncode == 0, push.stderr[-4000:]
     target = push.stdout.strip().splitlines()[-1]
     assert target == f"{local_registry}/yolov5-smddp:{image.split(':')[-1]}"
@@ -113,7 +137,10 @@ def test_compose_file_describes_two_hosts():
         assert service["command"] == "train"
         assert any(v.endswith(":/opt/ml/input/config:ro") and name in v for v in service["volumes"])
     if shutil.which("docker-compose"):
-        check = subprocess.run(["docker-compose", "-f", str(REPO / "docker" / "compose.yaml"), "config", "-q"],
-                               env={**os.environ, "IMAGE": "yolov5-smddp:test", "CLUSTER_DIR": "/tmp/c",
-                                    "DATA_DIR": "/tmp/d"}, capture_output=True, text=True)
+        check = subprocess.run(
+            ["docker-compose", "-f", str(REPO / "docker" / "compose.yaml"), "config", "-q"],
+            env={**os.environ, "IMAGE": "yolov5-smddp:test", "CLUSTER_DIR": "/tmp/c", "DATA_DIR": "/tmp/d"},
+            capture_output=True,
+            text=True,
+        )
         assert check.returncode == 0, check.stderr

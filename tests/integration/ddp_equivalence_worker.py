@@ -38,7 +38,9 @@ def fixed_batches(copies: int) -> list[tuple]:
             for _ in range(2):
                 xy = torch.rand(2, generator=g) * 0.6 + 0.2
                 wh = torch.rand(2, generator=g) * 0.3 + 0.1
-                rows.append(torch.cat([torch.tensor([i, int(torch.randint(0, NC, (1,), generator=g))]), xy, wh]))
+                rows.append(
+                    torch.cat([torch.tensor([i, int(torch.randint(0, NC, (1,), generator=g))]), xy, wh])
+                )
         targets = torch.stack(rows).float()
         imgs = imgs.repeat(copies, 1, 1, 1)
         targets = torch.cat([targets + torch.tensor([k * PER_RANK, 0, 0, 0, 0, 0]) for k in range(copies)])
@@ -57,13 +59,30 @@ def main(out: str, backend: str) -> None:
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     net = wrap_ddp(model, torch.device("cpu")) if info.distributed else model
     amp = AmpPolicy("off", device.type)
-    step = TrainStep(net, criterion, optimizer, amp.make_scaler(), None, amp, device,
-                     loss_multiplier=float(info.world_size))
+    step = TrainStep(
+        net,
+        criterion,
+        optimizer,
+        amp.make_scaler(),
+        None,
+        amp,
+        device,
+        loss_multiplier=float(info.world_size),
+    )
     settings = StepSettings({"bias": 0.02, "weight": 0.01, "norm": 0.01}, 0.9, ACCUMULATE)
     result = train_one_epoch(
-        step, fixed_batches(copies=2 if info.world_size == 1 else 1), epoch=0, first_iteration=0,
-        last_optimizer_iteration=-1, settings_for=lambda _it: settings, log_every=1000, max_nonfinite_steps=5,
-        imgsz=IMGSZ, multi_scale=False, stop_requested=lambda: False, main=info.rank == 0,
+        step,
+        fixed_batches(copies=2 if info.world_size == 1 else 1),
+        epoch=0,
+        first_iteration=0,
+        last_optimizer_iteration=-1,
+        settings_for=lambda _it: settings,
+        log_every=1000,
+        max_nonfinite_steps=5,
+        imgsz=IMGSZ,
+        multi_scale=False,
+        stop_requested=lambda: False,
+        main=info.rank == 0,
         world_size=info.world_size,
     )
     assert result.last_optimizer_iteration == MICRO_STEPS - 1

@@ -30,14 +30,25 @@ def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 def _torchrun(out: Path, backend: str, env: dict[str, str]) -> list[str]:
-    return [sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2", "--master_port",
-            str(free_port()), str(WORKER), str(out), backend]
+    return [
+        sys.executable,
+        str(HERE / "torchrun_nolibuv.py"),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(WORKER),
+        str(out),
+        backend,
+    ]
 
 
 def _compare(single: dict[str, torch.Tensor], ddp: dict[str, torch.Tensor]) -> None:
     assert single.keys() == ddp.keys()
     moved = max((single[k] - ddp[k]).abs().max().item() for k in single)
-    worst = max(((single[k] - ddp[k]).abs().max() / single[k].abs().max().clamp_min(1e-12)).item() for k in single)
+    worst = max(
+        ((single[k] - ddp[k]).abs().max() / single[k].abs().max().clamp_min(1e-12)).item() for k in single
+    )
     assert moved < 1e-5 and worst < 1e-4, f"max abs diff {moved}, max relative diff {worst}"
 
 

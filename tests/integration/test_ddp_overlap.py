@@ -30,7 +30,9 @@ def one_process_group(monkeypatch):
 def test_model_buckets_equal_the_ones_ddp_rebuilds(one_process_group, cfg):
     profile = gradient_profile(build_model(cfg).train().to("meta"))
     tensor_bytes = profile.tensor_bytes(4)
-    predicted = [sum(tensor_bytes[i] for i in b) for b in ddp_buckets(tensor_bytes, ready_order=profile.ready_order)]
+    predicted = [
+        sum(tensor_bytes[i] for i in b) for b in ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
+    ]
 
     ddp = DistributedDataParallel(build_model(cfg).train())
     images = torch.rand(1, 3, 64, 64)

@@ -18,9 +18,29 @@ pytestmark = pytest.mark.slow
 
 
 def _options(out: Path, data: Path, *extra: str) -> list[str]:
-    return ["--cfg", "yolov5n", "--data", str(data), "--imgsz", "64", "--batch-size", "8", "--workers", "0",
-            "--log-every", "2", "--model-dir", str(out / "model"), "--output-dir", str(out / "output"),
-            "--checkpoint-dir", str(out / "ckpt"), "--cache-dir", str(out / "cache"), *extra]
+    return [
+        "--cfg",
+        "yolov5n",
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "0",
+        "--log-every",
+        "2",
+        "--model-dir",
+        str(out / "model"),
+        "--output-dir",
+        str(out / "output"),
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--cache-dir",
+        str(out / "cache"),
+        *extra,
+    ]
 
 
 def _train_module() -> list[str]:
@@ -46,9 +66,18 @@ def _check_run(out: Path, stdout: str, epochs: int) -> None:
 def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
     env = child_env(STANDIN)
     out = tmp_path / "run"
-    cmd = [sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2", "--master_port",
-           str(free_port()), "--no-python", sys.executable, *_train_module(),
-           *_options(out, data, "--backend", "smddp", "--epochs", "1")]
+    cmd = [
+        sys.executable,
+        str(HERE / "torchrun_nolibuv.py"),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "--no-python",
+        sys.executable,
+        *_train_module(),
+        *_options(out, data, "--backend", "smddp", "--epochs", "1"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=smddp world_size=2 global_batch=8 per_rank=4" in proc.stdout
@@ -56,8 +85,13 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
     assert torch.load(out / "ckpt" / "last.pt", weights_only=True)["world_size"] == 2
 
     # resume on ONE process with more epochs: continues at epoch 2 from the 2-rank checkpoint
-    resumed = subprocess.run([sys.executable, *_train_module(), *_options(out, data, "--epochs", "2")],
-                             env=child_env(), capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(
+        [sys.executable, *_train_module(), *_options(out, data, "--epochs", "2")],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "at epoch 2" in resumed.stdout and "trained on 2 rank(s), now 1" in resumed.stdout
     _check_run(out, resumed.stdout, 2)
@@ -71,8 +105,13 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
     for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
         cmd += ["-x", name]
     out = tmp_path / "run"
-    proc = subprocess.run(cmd + [sys.executable, *_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "1")],
-                          env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        cmd + [sys.executable, *_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "1")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=gloo world_size=2" in proc.stdout
     _check_run(out, proc.stdout, 1)

@@ -19,16 +19,36 @@ pytestmark = pytest.mark.slow
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     return env
 
 
 def _train_cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "yolov5_smddp", "train", "--cfg", "yolov5n", "--workers", "1",
-            "--model-dir", str(out / "model"), "--output-dir", str(out / "output"),
-            "--checkpoint-dir", str(out / "ckpt"), "--cache-dir", str(out / "cache"), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "yolov5_smddp",
+        "train",
+        "--cfg",
+        "yolov5n",
+        "--workers",
+        "1",
+        "--model-dir",
+        str(out / "model"),
+        "--output-dir",
+        str(out / "output"),
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--cache-dir",
+        str(out / "cache"),
+        *extra,
+    ]
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -40,9 +60,26 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def embedded_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
     started = time.perf_counter()
-    proc = subprocess.run(_train_cmd(out, "--imgsz", "160", "--epochs", "6", "--batch-size", "16", "--log-every", "4",
-                                     "--hyp-override", "lr0=0.1,mosaic=0.5"),
-                          env=_env(), capture_output=True, text=True, timeout=600, cwd=out)
+    proc = subprocess.run(
+        _train_cmd(
+            out,
+            "--imgsz",
+            "160",
+            "--epochs",
+            "6",
+            "--batch-size",
+            "16",
+            "--log-every",
+            "4",
+            "--hyp-override",
+            "lr0=0.1,mosaic=0.5",
+        ),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, time.perf_counter() - started
 
@@ -62,7 +99,17 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
     assert weights["meta"]["precision"] == "float16"
     for name in ("last.pt", "best.pt"):
         state = torch.load(out / "ckpt" / name, weights_only=True)
-        assert {"model", "ema", "optimizer", "scaler", "schedule", "epoch", "best_fitness", "rng", "config"} <= set(state)
+        assert {
+            "model",
+            "ema",
+            "optimizer",
+            "scaler",
+            "schedule",
+            "epoch",
+            "best_fitness",
+            "rng",
+            "config",
+        } <= set(state)
     assert "epoch=1 step=1 loss=" in stdout and "samples_per_sec=" in stdout and "data_wait=" in stdout
     print(f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}")
 
@@ -75,14 +122,37 @@ def _tiny_dataset(root: Path) -> Path:
 
 def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
-    common = ("--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4", "--log-every", "1000")
-    baseline = subprocess.run(_train_cmd(tmp_path / "base", *common), env=_env(), capture_output=True, text=True,
-                              timeout=600, cwd=tmp_path)
+    common = (
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "4",
+        "--log-every",
+        "1000",
+    )
+    baseline = subprocess.run(
+        _train_cmd(tmp_path / "base", *common),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert baseline.returncode == 0, baseline.stderr[-3000:]
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_train_cmd(run_dir, *common), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        _train_cmd(run_dir, *common),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -101,11 +171,15 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
     assert state["epoch"] == 1  # resume runs epoch index 1 = epoch 2 next
     assert not [p for p in (run_dir / "ckpt").iterdir() if p.name.endswith(".tmp")]
 
-    resumed = subprocess.run(_train_cmd(run_dir, *common), env=_env(), capture_output=True, text=True, timeout=600,
-                             cwd=tmp_path)
+    resumed = subprocess.run(
+        _train_cmd(run_dir, *common), env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "at epoch 2" in resumed.stdout
-    base_rows, rows = _rows(tmp_path / "base" / "output" / "results.csv"), _rows(run_dir / "output" / "results.csv")
+    base_rows, rows = (
+        _rows(tmp_path / "base" / "output" / "results.csv"),
+        _rows(run_dir / "output" / "results.csv"),
+    )
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
     for key in ("lr_bias", "lr_weight", "lr_norm"):
         assert [r[key] for r in rows] == [r[key] for r in base_rows]
@@ -113,9 +187,30 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
 
 def test_non_finite_loss_is_reported_clearly(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
-    proc = subprocess.run(_train_cmd(tmp_path, "--data", str(data), "--imgsz", "64", "--epochs", "2", "--batch-size", "4",
-                                     "--log-every", "2", "--inject-nonfinite-step", "3", "--max-nonfinite-steps", "2"),
-                          env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        _train_cmd(
+            tmp_path,
+            "--data",
+            str(data),
+            "--imgsz",
+            "64",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "2",
+            "--inject-nonfinite-step",
+            "3",
+            "--max-nonfinite-steps",
+            "2",
+        ),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert "non-finite (NaN/inf)" in proc.stderr and "epoch 1" in proc.stderr
     assert "loss=nan" in proc.stdout
@@ -123,13 +218,18 @@ def test_non_finite_loss_is_reported_clearly(tmp_path):
 
 @pytest.mark.parametrize(
     "option, message",
-    [(("--hyp-override", "lr0=7"), "lr0=7.0 is out of range"), (("--cfg", "yolov5q"), "yolov5q"),
-     (("--batch-size", "15", "--batch-per-gpu", "4"), "contradicts"), (("--weights", "nope.pt"), "nope.pt")],
+    [
+        (("--hyp-override", "lr0=7"), "lr0=7.0 is out of range"),
+        (("--cfg", "yolov5q"), "yolov5q"),
+        (("--batch-size", "15", "--batch-per-gpu", "4"), "contradicts"),
+        (("--weights", "nope.pt"), "nope.pt"),
+    ],
 )
 def test_bad_option_fails_before_any_work(tmp_path, option, message):
     start = time.perf_counter()
-    proc = subprocess.run(_train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        _train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "ckpt").exists()
     assert time.perf_counter() - start < 60

@@ -18,8 +18,14 @@ from yolov5_smddp.bench.scaling import (
 
 
 def links(nodes=2, *, inter_latency=0.0, intra_latency=0.0):
-    return Links(nodes=nodes, gpus_per_node=4, inter_node_Bps=100.0, intra_node_Bps=1000.0,
-                 inter_node_latency_s=inter_latency, intra_node_latency_s=intra_latency)
+    return Links(
+        nodes=nodes,
+        gpus_per_node=4,
+        inter_node_Bps=100.0,
+        intra_node_Bps=1000.0,
+        inter_node_latency_s=inter_latency,
+        intra_node_latency_s=intra_latency,
+    )
 
 
 def test_ddp_limits_are_torch_defaults():
@@ -57,7 +63,9 @@ def test_hierarchical_allreduce_time():
     # intra: 2 * 3/4 * 800 / 1000 = 1.2; inter: 2 * 1/2 * 800 / 100 = 8
     assert allreduce_seconds(800, links(), "hierarchical") == pytest.approx(9.2)
     # + latencies: 2 * 3 * 0.1 intra hops, 2 * 1 * 0.5 inter hops
-    assert allreduce_seconds(800, links(inter_latency=0.5, intra_latency=0.1), "hierarchical") == pytest.approx(10.8)
+    assert allreduce_seconds(
+        800, links(inter_latency=0.5, intra_latency=0.1), "hierarchical"
+    ) == pytest.approx(10.8)
 
 
 def test_flat_ring_allreduce_time():
@@ -69,8 +77,14 @@ def test_flat_ring_allreduce_time():
 def test_one_node_uses_nvlink_only_and_one_gpu_costs_nothing():
     assert allreduce_seconds(800, links(nodes=1), "ring") == pytest.approx(1.2)
     assert allreduce_seconds(800, links(nodes=1), "hierarchical") == pytest.approx(1.2)
-    single = Links(nodes=1, gpus_per_node=1, inter_node_Bps=1.0, intra_node_Bps=1.0,
-                   inter_node_latency_s=1.0, intra_node_latency_s=1.0)
+    single = Links(
+        nodes=1,
+        gpus_per_node=1,
+        inter_node_Bps=1.0,
+        intra_node_Bps=1.0,
+        inter_node_latency_s=1.0,
+        intra_node_latency_s=1.0,
+    )
     assert allreduce_seconds(800, single, "ring") == 0.0
 
 
@@ -97,8 +111,16 @@ def test_overlap_backlog_when_communication_is_slower_than_backward():
 
 
 def test_predict_point_efficiency():
-    point = predict_point(bucket_nbytes=[800], ready_fractions=[1.0], links=links(), algorithm="hierarchical",
-                          step_s=10, backward_fraction=0.5, batch_per_gpu=2, one_node_step_s=11.2)
+    point = predict_point(
+        bucket_nbytes=[800],
+        ready_fractions=[1.0],
+        links=links(),
+        algorithm="hierarchical",
+        step_s=10,
+        backward_fraction=0.5,
+        batch_per_gpu=2,
+        one_node_step_s=11.2,
+    )
     assert point.comm_ms == pytest.approx(9200)
     assert point.exposed_ms == pytest.approx(9200)
     assert point.hidden_fraction == pytest.approx(0.0)
@@ -109,8 +131,16 @@ def test_predict_point_efficiency():
 
 
 def test_predict_scaling_per_node_count():
-    points = predict_scaling(tensor_bytes=[800], tensor_work=[1.0], node_counts=[1, 2], links=links(),
-                             algorithm="hierarchical", step_s=10, backward_fraction=0.5, batch_per_gpu=2)
+    points = predict_scaling(
+        tensor_bytes=[800],
+        tensor_work=[1.0],
+        node_counts=[1, 2],
+        links=links(),
+        algorithm="hierarchical",
+        step_s=10,
+        backward_fraction=0.5,
+        batch_per_gpu=2,
+    )
     assert [p.nodes for p in points] == [1, 2]
     assert [p.world_size for p in points] == [4, 8]
     assert points[0].step_ms == pytest.approx(11200)
@@ -121,12 +151,25 @@ def test_predict_scaling_per_node_count():
 
 def test_early_bucket_hidden_last_bucket_exposed():
     mib = 1024 * 1024
-    link = Links(nodes=2, gpus_per_node=4, inter_node_Bps=2 * mib, intra_node_Bps=20 * mib,
-                 inter_node_latency_s=0.0, intra_node_latency_s=0.0)
+    link = Links(
+        nodes=2,
+        gpus_per_node=4,
+        inter_node_Bps=2 * mib,
+        intra_node_Bps=20 * mib,
+        inter_node_latency_s=0.0,
+        intra_node_latency_s=0.0,
+    )
     # buckets [[1], [0]] of 2 MiB: 2 * 3/4 / 10 + 1 = 1.15 s each; ready at 20% and 100% of a 5 s backward
-    points = predict_scaling(tensor_bytes=[2 * mib, 2 * mib], tensor_work=[4.0, 1.0], node_counts=[2],
-                             links=link, algorithm="hierarchical", step_s=10, backward_fraction=0.5,
-                             batch_per_gpu=1)
+    points = predict_scaling(
+        tensor_bytes=[2 * mib, 2 * mib],
+        tensor_work=[4.0, 1.0],
+        node_counts=[2],
+        links=link,
+        algorithm="hierarchical",
+        step_s=10,
+        backward_fraction=0.5,
+        batch_per_gpu=1,
+    )
     assert points[0].comm_ms == pytest.approx(2300)
     assert points[0].exposed_ms == pytest.approx(1150)
     assert points[0].hidden_fraction == pytest.approx(0.5)
@@ -136,15 +179,20 @@ def test_bench_scaling_cli_writes_json(tmp_path):
     from yolov5_smddp.cli import main
 
     out = tmp_path / "scaling.json"
-    rc = main(["bench", "scaling", "--cfg", "yolov5n", "--step-ms", "100", "--nodes", "1,2",
-               "--json", str(out)])
+    rc = main(
+        ["bench", "scaling", "--cfg", "yolov5n", "--step-ms", "100", "--nodes", "1,2", "--json", str(out)]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["gradient_bytes"] == 1_872_157 * 4
     assert report["buckets"] >= 2
     rows = report["predictions"]
-    assert [(r["algorithm"], r["nodes"]) for r in rows] == [("ring", 1), ("ring", 2), ("hierarchical", 1),
-                                                            ("hierarchical", 2)]
+    assert [(r["algorithm"], r["nodes"]) for r in rows] == [
+        ("ring", 1),
+        ("ring", 2),
+        ("hierarchical", 1),
+        ("hierarchical", 2),
+    ]
     assert all(0 < r["efficiency"] <= 1 and r["step_ms"] >= 100 for r in rows)
 
 
@@ -171,18 +219,27 @@ def test_gradient_profile_work_and_ready_order():
 
 
 def test_buckets_follow_a_given_ready_order():
-    assert ddp_buckets([5, 5, 20, 10, 3], ready_order=[2, 0, 1, 3, 4], first_bucket_bytes=10,
-                       bucket_bytes=25) == [[2], [0, 1, 3, 4]]
-    assert bucket_ready_fractions([[2], [0, 1, 3, 4]], [1, 1, 1, 1, 0], ready_order=[2, 0, 1, 3, 4]) == \
-        pytest.approx([0.25, 1.0])
+    assert ddp_buckets(
+        [5, 5, 20, 10, 3], ready_order=[2, 0, 1, 3, 4], first_bucket_bytes=10, bucket_bytes=25
+    ) == [[2], [0, 1, 3, 4]]
+    assert bucket_ready_fractions(
+        [[2], [0, 1, 3, 4]], [1, 1, 1, 1, 0], ready_order=[2, 0, 1, 3, 4]
+    ) == pytest.approx([0.25, 1.0])
 
 
 def test_overlap_summary_exact():
     from yolov5_smddp.bench.overlap import summarise
 
-    raw = {"sync": [[0.1, 0.3], [0.1, 0.5]], "sync_local": [[0.1, 0.2], [0.1, 0.2]],
-           "no_sync": [[0.1, 0.15], [0.1, 0.15]], "bucket_s": [0.05, 0.1],
-           "ready": [0.5, 1.0], "gradient_bytes": 2_000_000, "model_bucket_bytes": [1, 2], "ddp_bucket_bytes": [1, 2]}
+    raw = {
+        "sync": [[0.1, 0.3], [0.1, 0.5]],
+        "sync_local": [[0.1, 0.2], [0.1, 0.2]],
+        "no_sync": [[0.1, 0.15], [0.1, 0.15]],
+        "bucket_s": [0.05, 0.1],
+        "ready": [0.5, 1.0],
+        "gradient_bytes": 2_000_000,
+        "model_bucket_bytes": [1, 2],
+        "ddp_bucket_bytes": [1, 2],
+    }
     m = summarise(raw, cfg="yolov5n", imgsz=64, batch=1, iters=2, world_size=2)
     assert m.step_sync_ms == pytest.approx(500) and m.step_sync_local_ms == pytest.approx(300)
     assert m.step_no_sync_ms == pytest.approx(250)
@@ -194,8 +251,12 @@ def test_overlap_summary_exact():
     assert m.predicted_exposed_ms == pytest.approx(100)
     assert m.predicted_if_no_overlap_ms == pytest.approx(150)
     assert m.agrees and m.gradient_mb == 2.0 and m.buckets == 2
-    assert m.host_compute_share == 1.0 and m.predicted_with_contention_ms == pytest.approx(150)  # a CPU backward
+    assert m.host_compute_share == 1.0 and m.predicted_with_contention_ms == pytest.approx(
+        150
+    )  # a CPU backward
     emulated = summarise(raw, cfg="yolov5n", imgsz=64, batch=1, iters=2, world_size=2, emulate_device_ms=150)
-    assert emulated.host_compute_share == pytest.approx(0.25)  # 50 of the 200 ms backward computed by the host
+    assert emulated.host_compute_share == pytest.approx(
+        0.25
+    )  # 50 of the 200 ms backward computed by the host
     assert emulated.predicted_with_contention_ms == pytest.approx(100 + 0.25 * (150 - 100))
     assert "bucket sizes equal to DDP's" in m.summary()

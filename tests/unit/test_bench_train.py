@@ -7,17 +7,32 @@ from yolov5_smddp.bench.timing import PhaseClock
 from yolov5_smddp.bench.train import Combination, combinations, summarise
 from yolov5_smddp.errors import ConfigError
 
-RESULT_FIELDS = {"batch", "amp", "channels_last", "samples_per_s_per_gpu", "samples_per_s_total", "step_ms",
-                 "data_wait_ms", "forward_backward_ms", "optimizer_ms", "comm_ms", "device_busy",
-                 "peak_memory_mb", "achieved_tflops", "mfu"}
+RESULT_FIELDS = {
+    "batch",
+    "amp",
+    "channels_last",
+    "samples_per_s_per_gpu",
+    "samples_per_s_total",
+    "step_ms",
+    "data_wait_ms",
+    "forward_backward_ms",
+    "optimizer_ms",
+    "comm_ms",
+    "device_busy",
+    "peak_memory_mb",
+    "achieved_tflops",
+    "mfu",
+}
 
 
 def test_combinations_batch_outermost():
     combos = combinations([16, 32], ["bf16", "fp16"], [True])
-    assert combos == [Combination(batch=16, amp="bf16", channels_last=True),
-                      Combination(batch=16, amp="fp16", channels_last=True),
-                      Combination(batch=32, amp="bf16", channels_last=True),
-                      Combination(batch=32, amp="fp16", channels_last=True)]
+    assert combos == [
+        Combination(batch=16, amp="bf16", channels_last=True),
+        Combination(batch=16, amp="fp16", channels_last=True),
+        Combination(batch=32, amp="bf16", channels_last=True),
+        Combination(batch=32, amp="fp16", channels_last=True),
+    ]
 
 
 def test_peak_lookup_by_gpu_name():
@@ -39,8 +54,17 @@ def test_mfu_exact():
 
 def test_summarise_per_step_means():
     combo = Combination(batch=8, amp="bf16", channels_last=True)
-    r = summarise(combo, iters=4, wall_s=2.0, data_wait_s=0.4, forward_backward_s=1.2, optimizer_s=0.4,
-                  peak_memory_mb=100.0, flops_per_sample=1e12, peak=10.0)
+    r = summarise(
+        combo,
+        iters=4,
+        wall_s=2.0,
+        data_wait_s=0.4,
+        forward_backward_s=1.2,
+        optimizer_s=0.4,
+        peak_memory_mb=100.0,
+        flops_per_sample=1e12,
+        peak=10.0,
+    )
     assert r.samples_per_s_per_gpu == 16.0 and r.samples_per_s_total == 16.0
     assert r.step_ms == 500.0
     assert r.data_wait_ms == pytest.approx(100.0)
@@ -76,9 +100,29 @@ def run_bench(tmp_path, *extra):
     from yolov5_smddp.cli import main
 
     out = tmp_path / "train.json"
-    rc = main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "64", "--batch-per-gpu", "2",
-               "--iters", "2", "--warmup", "1", "--device", "cpu", "--peak-tflops", "1", "--json", str(out),
-               *extra])
+    rc = main(
+        [
+            "bench",
+            "train",
+            "--cfg",
+            "yolov5n",
+            "--imgsz",
+            "64",
+            "--batch-per-gpu",
+            "2",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--peak-tflops",
+            "1",
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
     assert rc == 0
     return json.loads(out.read_text())
 
@@ -91,8 +135,15 @@ def test_bench_train_cpu_writes_json(tmp_path, capsys):
     assert [(r["amp"], r["channels_last"]) for r in rows] == [("off", False)]
     for r in rows:
         assert set(r) == RESULT_FIELDS
-        for key in ("samples_per_s_per_gpu", "step_ms", "forward_backward_ms", "optimizer_ms", "peak_memory_mb",
-                    "achieved_tflops", "mfu"):
+        for key in (
+            "samples_per_s_per_gpu",
+            "step_ms",
+            "forward_backward_ms",
+            "optimizer_ms",
+            "peak_memory_mb",
+            "achieved_tflops",
+            "mfu",
+        ):
             assert r[key] > 0, key
         assert r["data_wait_ms"] >= 0
         assert r["samples_per_s_per_gpu"] == pytest.approx(2 / (r["step_ms"] / 1e3))
@@ -102,7 +153,9 @@ def test_bench_train_cpu_writes_json(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_bench_train_real_loader_on_synthetic_data(tmp_path):
-    report = run_bench(tmp_path, "--amp", "bf16", "--channels-last", "on", "--loader", "real", "--workers", "1")
+    report = run_bench(
+        tmp_path, "--amp", "bf16", "--channels-last", "on", "--loader", "real", "--workers", "1"
+    )
     (row,) = report["results"]
     assert report["loader"] == "real" and row["channels_last"] is True
     assert row["samples_per_s_per_gpu"] > 0 and row["data_wait_ms"] > 0
@@ -112,4 +165,6 @@ def test_bench_train_refuses_bad_imgsz_and_fp16_on_cpu():
     from yolov5_smddp.cli import main
 
     assert main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "100", "--device", "cpu"]) == 2
-    assert main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "64", "--amp", "fp16", "--device", "cpu"]) == 2
+    assert (
+        main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "64", "--amp", "fp16", "--device", "cpu"]) == 2
+    )

@@ -14,8 +14,13 @@ def test_round_trip_with_weights_only_and_rng(tmp_path):
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 4, "rng": checkpoint.capture_rng_state(),
-             "config": {"epochs": 5, "freeze": [], "data": None}}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "epoch": 4,
+        "rng": checkpoint.capture_rng_state(),
+        "config": {"epochs": 5, "freeze": [], "data": None},
+    }
     expected = (torch.rand(1).item(), np.random.rand(), random.random())
     path = checkpoint.save_checkpoint(tmp_path, state, best=True)
     assert path == tmp_path / "last.pt" and (tmp_path / "best.pt").is_file()

@@ -5,7 +5,9 @@ from yolov5_smddp.errors import ConfigError
 
 
 def test_both_spellings_and_bool_forms():
-    c = parse_train_args(["--batch_size", "32", "--cos-lr", "--rect", "false", "--sync_bn", "True", "--epochs", "3"])
+    c = parse_train_args(
+        ["--batch_size", "32", "--cos-lr", "--rect", "false", "--sync_bn", "True", "--epochs", "3"]
+    )
     assert c.batch_size == 32 and c.cos_lr is True and c.rect is False and c.sync_bn is True and c.epochs == 3
     assert parse_train_args(["--multi-scale", "1"]).multi_scale is True
     assert parse_train_args(["--channels_last=0"]).channels_last is False
@@ -14,14 +16,24 @@ def test_both_spellings_and_bool_forms():
 def test_defaults_are_the_release_recipe():
     c = parse_train_args([])
     assert (c.epochs, c.imgsz, c.optimizer, c.patience, c.hyp, c.amp, c.backend) == (
-        100, 640, "SGD", 100, "scratch-low", "auto", "auto")
+        100,
+        640,
+        "SGD",
+        100,
+        "scratch-low",
+        "auto",
+        "auto",
+    )
 
 
 def test_json_ish_values():
     c = parse_train_args(["--freeze", "[0, 1, 2]", "--hyp-override", '{"lr0": 0.02}', "--data", '"d.yaml"'])
     assert c.freeze == [0, 1, 2] and c.hyp_overrides == {"lr0": 0.02} and c.data == "d.yaml"
     assert parse_train_args(["--freeze", "10"]).freeze == list(range(10))
-    assert parse_train_args(["--hyp-override", "lr0=0.02,mosaic=0"]).hyp_overrides == {"lr0": 0.02, "mosaic": 0.0}
+    assert parse_train_args(["--hyp-override", "lr0=0.02,mosaic=0"]).hyp_overrides == {
+        "lr0": 0.02,
+        "mosaic": 0.0,
+    }
     assert parse_train_args(["--optimizer", "adamw"]).optimizer == "AdamW"
 
 
@@ -60,7 +72,13 @@ def test_hyp_files_and_overrides(tmp_path):
     low, high = load_hyp("scratch-low"), load_hyp("hyp.scratch-high.yaml")
     assert low["lr0"] == 0.01 and low["lrf"] == 0.01 and low["box"] == 0.05 and low["warmup_bias_lr"] == 0.1
     assert (high["lrf"], high["cls"], high["obj"], high["scale"], high["mixup"], high["copy_paste"]) == (
-        0.1, 0.3, 0.7, 0.9, 0.1, 0.1)
+        0.1,
+        0.3,
+        0.7,
+        0.9,
+        0.1,
+        0.1,
+    )
     assert load_hyp("scratch-low", {"mosaic": 0.0})["mosaic"] == 0.0
     custom = tmp_path / "h.yaml"
     custom.write_text("lr0: 0.02\n")
@@ -81,4 +99,7 @@ def test_config_is_kw_only_and_serialisable(tmp_path):
     d = TrainConfig(epochs=2).to_dict()
     assert d["epochs"] == 2 and d["freeze"] == []
     dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path)
-    assert str(dirs["model_dir"]) == "/m" and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"
+    assert (
+        str(dirs["model_dir"]) == "/m"
+        and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"
+    )

@@ -11,27 +11,63 @@ def test_single_process_without_launcher():
 
 
 def test_torchrun_variables():
-    env = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-           "MASTER_ADDR": "algo-1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env = {
+        "RANK": "5",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "algo-1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
     info = detect_dist_info(env)
-    assert (info.rank, info.local_rank, info.world_size, info.local_world_size, info.node_rank) == (5, 1, 16, 4, 1)
-    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == ("algo-1", 29500, "torchrun", True)
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size, info.node_rank) == (
+        5,
+        1,
+        16,
+        4,
+        1,
+    )
+    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == (
+        "algo-1",
+        29500,
+        "torchrun",
+        True,
+    )
 
 
 def test_open_mpi_variables_with_default_master_callback():
-    env = {"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMPI_COMM_WORLD_NODE_RANK": "1"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "9",
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
+    }
     info = detect_dist_info(env, default_master=lambda: "algo-1")
     assert (info.rank, info.local_rank, info.world_size, info.node_rank) == (9, 1, 16, 1)
-    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == ("algo-1", 7777, "mpirun", False)
-    assert detect_dist_info({**env, "MASTER_ADDR": "10.0.0.2"}, default_master="algo-1").master_addr == "10.0.0.2"
+    assert (info.master_addr, info.master_port, info.launcher, info.agent_store) == (
+        "algo-1",
+        7777,
+        "mpirun",
+        False,
+    )
+    assert (
+        detect_dist_info({**env, "MASTER_ADDR": "10.0.0.2"}, default_master="algo-1").master_addr
+        == "10.0.0.2"
+    )
 
 
 def test_multi_node_mpi_without_master_is_an_error():
     env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}
     with pytest.raises(ConfigError, match="MASTER_ADDR"):
         detect_dist_info(env)
-    single_node = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    single_node = {
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
     assert detect_dist_info(single_node).master_addr == "127.0.0.1"
 
 
@@ -44,9 +80,15 @@ def test_bad_values():
 
 @pytest.mark.parametrize(
     "requested, cuda, smddp, expected",
-    [("auto", True, True, "smddp"), ("auto", True, False, "nccl"), ("auto", False, True, "gloo"),
-     ("auto", False, False, "gloo"), ("smddp", False, True, "smddp"), ("gloo", True, True, "gloo"),
-     ("nccl", True, False, "nccl")],
+    [
+        ("auto", True, True, "smddp"),
+        ("auto", True, False, "nccl"),
+        ("auto", False, True, "gloo"),
+        ("auto", False, False, "gloo"),
+        ("smddp", False, True, "smddp"),
+        ("gloo", True, True, "gloo"),
+        ("nccl", True, False, "nccl"),
+    ],
 )
 def test_choose_backend(requested, cuda, smddp, expected):
     assert choose_backend(requested, cuda, smddp) == expected

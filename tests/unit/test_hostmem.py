@@ -35,8 +35,14 @@ print(json.dumps({"tuned": tuned, "faults_per_step": (resource.getrusage(resourc
 
 def _faults(mode: str, tmp_path: Path) -> dict:
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", _STEP_FAULTS, mode], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _STEP_FAULTS, mode],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

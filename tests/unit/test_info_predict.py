@@ -63,7 +63,11 @@ def test_detection_records_and_output_names(tmp_path):
     assert detection_records(det, ["a", "b"]) == [
         {"box_xyxy": [1.23, 2.0, 30.0, 40.0], "class_id": 1, "class_name": "b", "score": 0.91234}
     ]
-    assert output_stems([tmp_path / "x.jpg", tmp_path / "x.png", tmp_path / "y.jpg"]) == ["x_jpg", "x_png", "y"]
+    assert output_stems([tmp_path / "x.jpg", tmp_path / "x.png", tmp_path / "y.jpg"]) == [
+        "x_jpg",
+        "x_png",
+        "y",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +86,21 @@ def test_predict_writes_json_in_original_pixels(tmp_path, weights):
     cv2.imwrite(str(source / "tall.jpg"), rng.integers(0, 255, (130, 70, 3), dtype=np.uint8))
     (source / "notes.txt").write_text("not an image")
     out = tmp_path / "out"
-    rc = main(["predict", "--weights", str(weights), "--source", str(source), "--out", str(out),
-               "--imgsz", "64", "--conf", "0.0005"])
+    rc = main(
+        [
+            "predict",
+            "--weights",
+            str(weights),
+            "--source",
+            str(source),
+            "--out",
+            str(out),
+            "--imgsz",
+            "64",
+            "--conf",
+            "0.0005",
+        ]
+    )
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == ["tall.jpg", "tall.json", "wide.jpg", "wide.json"]
     assert sorted(p.name for p in source.iterdir()) == ["notes.txt", "tall.jpg", "wide.png"]
@@ -100,16 +117,41 @@ def test_predict_writes_json_in_original_pixels(tmp_path, weights):
 
 def test_predict_errors_are_clear(tmp_path, weights, capsys):
     out = tmp_path / "out"
-    assert main(["predict", "--weights", str(weights), "--source", str(tmp_path / "nope.jpg"), "--out", str(out)]) == 2
+    assert (
+        main(
+            ["predict", "--weights", str(weights), "--source", str(tmp_path / "nope.jpg"), "--out", str(out)]
+        )
+        == 2
+    )
     assert "nope.jpg does not exist" in capsys.readouterr().err
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8 definitely not a jpeg")
-    assert main(["predict", "--weights", str(weights), "--source", str(broken), "--out", str(out), "--imgsz", "64"]) == 2
+    assert (
+        main(
+            [
+                "predict",
+                "--weights",
+                str(weights),
+                "--source",
+                str(broken),
+                "--out",
+                str(out),
+                "--imgsz",
+                "64",
+            ]
+        )
+        == 2
+    )
     assert "broken.jpg: cannot be read" in capsys.readouterr().err
     bare = tmp_path / "bare.pt"
     torch.save({"model.0.conv.weight": torch.zeros(1)}, bare)
     cv2.imwrite(str(tmp_path / "ok.png"), np.zeros((32, 32, 3), np.uint8))
-    assert main(["predict", "--weights", str(bare), "--source", str(tmp_path / "ok.png"), "--out", str(out)]) == 2
+    assert (
+        main(["predict", "--weights", str(bare), "--source", str(tmp_path / "ok.png"), "--out", str(out)])
+        == 2
+    )
     assert "bare.pt: holds only a state dict" in capsys.readouterr().err
-    assert main(["predict", "--weights", str(weights), "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert (
+        main(["predict", "--weights", str(weights), "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
+    )
     assert "is the source folder" in capsys.readouterr().err

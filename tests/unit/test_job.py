@@ -20,8 +20,14 @@ METRICS = [{"Name": "train:loss", "Regex": "train_loss=([0-9.]+)"}]
 
 def test_estimator_kwargs_smddp_spot_exact():
     spec = JobSpec(
-        image_uri=IMAGE, role=ROLE, instance_count=2, hyperparameters={"epochs": 3, "batch-size": 256, "rect": False},
-        checkpoint_s3_uri="s3://b/ckpt", use_spot_instances=True, max_run_s=3600, metric_definitions=METRICS,
+        image_uri=IMAGE,
+        role=ROLE,
+        instance_count=2,
+        hyperparameters={"epochs": 3, "batch-size": 256, "rect": False},
+        checkpoint_s3_uri="s3://b/ckpt",
+        use_spot_instances=True,
+        max_run_s=3600,
+        metric_definitions=METRICS,
     )
     assert pytorch_estimator_kwargs(spec) == {
         "entry_point": "entrypoint.py",
@@ -45,8 +51,15 @@ def test_estimator_kwargs_smddp_spot_exact():
 
 
 def test_estimator_kwargs_no_distribution_has_no_distribution_key():
-    spec = JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.g5.12xlarge", distribution="none",
-                   metric_definitions=METRICS, output_path="s3://b/out", source_dir="/tmp/code")
+    spec = JobSpec(
+        image_uri=IMAGE,
+        role=ROLE,
+        instance_type="ml.g5.12xlarge",
+        distribution="none",
+        metric_definitions=METRICS,
+        output_path="s3://b/out",
+        source_dir="/tmp/code",
+    )
     kwargs = pytorch_estimator_kwargs(spec)
     assert "distribution" not in kwargs and "max_wait" not in kwargs and "checkpoint_s3_uri" not in kwargs
     assert kwargs["output_path"] == "s3://b/out"
@@ -64,7 +77,10 @@ def test_distribution_config_values():
 
 def test_hyperparameter_strings_rejects_bad_names_and_values():
     assert hyperparameter_strings({"lr0": 0.01, "sync-bn": True, "cfg": "yolov5s"}) == {
-        "lr0": "0.01", "sync-bn": "True", "cfg": "yolov5s"}
+        "lr0": "0.01",
+        "sync-bn": "True",
+        "cfg": "yolov5s",
+    }
     with pytest.raises(ConfigError, match="'epochs; rm'"):
         hyperparameter_strings({"epochs; rm": 1})
     with pytest.raises(ConfigError, match="'names'"):
@@ -73,10 +89,21 @@ def test_hyperparameter_strings_rejects_bad_names_and_values():
 
 def test_spot_checks():
     with pytest.raises(ConfigError, match="checkpoint_s3_uri"):
-        pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, use_spot_instances=True, metric_definitions=METRICS))
+        pytorch_estimator_kwargs(
+            JobSpec(image_uri=IMAGE, role=ROLE, use_spot_instances=True, metric_definitions=METRICS)
+        )
     with pytest.raises(ConfigError, match="max_wait_s"):
-        pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, use_spot_instances=True, checkpoint_s3_uri="s3://b/c",
-                                         max_run_s=100, max_wait_s=50, metric_definitions=METRICS))
+        pytorch_estimator_kwargs(
+            JobSpec(
+                image_uri=IMAGE,
+                role=ROLE,
+                use_spot_instances=True,
+                checkpoint_s3_uri="s3://b/c",
+                max_run_s=100,
+                max_wait_s=50,
+                metric_definitions=METRICS,
+            )
+        )
 
 
 def test_data_channels():
@@ -88,17 +115,28 @@ def test_data_channels():
 
 
 def test_model_trainer_kwargs_torchrun_exact():
-    spec = JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.p5.48xlarge", instance_count=4,
-                   distribution="torchrun", hyperparameters={"epochs": 1}, checkpoint_s3_uri="s3://b/c",
-                   source_dir="/tmp/code")
+    spec = JobSpec(
+        image_uri=IMAGE,
+        role=ROLE,
+        instance_type="ml.p5.48xlarge",
+        instance_count=4,
+        distribution="torchrun",
+        hyperparameters={"epochs": 1},
+        checkpoint_s3_uri="s3://b/c",
+        source_dir="/tmp/code",
+    )
     assert model_trainer_kwargs(spec) == {
         "training_image": IMAGE,
         "role": ROLE,
         "base_job_name": "yolov5-smddp",
         "hyperparameters": {"epochs": "1"},
         "environment": {},
-        "compute": {"instance_type": "ml.p5.48xlarge", "instance_count": 4, "volume_size_in_gb": 100,
-                    "enable_managed_spot_training": False},
+        "compute": {
+            "instance_type": "ml.p5.48xlarge",
+            "instance_count": 4,
+            "volume_size_in_gb": 100,
+            "enable_managed_spot_training": False,
+        },
         "stopping_condition": {"max_runtime_in_seconds": 86400},
         "source_code": {"source_dir": "/tmp/code", "entry_script": "entrypoint.py"},
         "distributed": {},
@@ -117,7 +155,8 @@ def test_model_trainer_refuses_smddp_and_torchrun_without_source():
 
 def test_dlc_image_uri():
     assert dlc_image_uri("eu-west-1") == (
-        "763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker")
+        "763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
+    )
 
 
 def test_example_script_dry_run_prints_the_sdk_arguments(capsys):
@@ -129,7 +168,9 @@ def test_example_script_dry_run_prints_the_sdk_arguments(capsys):
     spec = importlib.util.spec_from_file_location("launch_sagemaker", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    example.main(["--image", IMAGE, "--role", ROLE, "--train", "s3://b/train", "--hp", "epochs=3", "--dry-run"])
+    example.main(
+        ["--image", IMAGE, "--role", ROLE, "--train", "s3://b/train", "--hp", "epochs=3", "--dry-run"]
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed["fit"] == {"training": "s3://b/train"}
     assert printed["PyTorch"]["hyperparameters"] == {"epochs": "3"}

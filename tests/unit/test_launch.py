@@ -12,24 +12,28 @@ HOSTS = ["algo-1", "algo-2"]
 
 def test_no_distribution_two_gpu_hosts_is_elastic_one_worker_per_gpu():
     plan = decide_launch({}, hosts=HOSTS, current_host="algo-2", num_gpus=8)
-    assert plan == LaunchPlan(mode="elastic", nnodes=2, nproc_per_node=8, node_rank=1,
-                              master_addr="algo-1", master_port=7777)
+    assert plan == LaunchPlan(
+        mode="elastic", nnodes=2, nproc_per_node=8, node_rank=1, master_addr="algo-1", master_port=7777
+    )
     assert plan.world_size == 16 and not plan.in_process
 
 
 def test_single_gpu_or_cpu_host_runs_in_process():
     for gpus in (0, 1):
         plan = decide_launch({}, hosts=["algo-1"], current_host="algo-1", num_gpus=gpus)
-        assert plan == LaunchPlan(mode="single", nnodes=1, nproc_per_node=1, node_rank=0,
-                                  master_addr="algo-1", master_port=7777)
+        assert plan == LaunchPlan(
+            mode="single", nnodes=1, nproc_per_node=1, node_rank=0, master_addr="algo-1", master_port=7777
+        )
 
 
 def test_cpu_hosts_get_one_worker_each_unless_told():
     assert decide_launch({}, hosts=HOSTS, current_host="algo-1", num_gpus=0).nproc_per_node == 1
-    plan = decide_launch({}, hosts=["algo-1"], current_host="algo-1", num_gpus=0, nproc_per_node="2",
-                         master_port="29500")
-    assert plan == LaunchPlan(mode="elastic", nnodes=1, nproc_per_node=2, node_rank=0,
-                              master_addr="algo-1", master_port=29500)
+    plan = decide_launch(
+        {}, hosts=["algo-1"], current_host="algo-1", num_gpus=0, nproc_per_node="2", master_port="29500"
+    )
+    assert plan == LaunchPlan(
+        mode="elastic", nnodes=1, nproc_per_node=2, node_rank=0, master_addr="algo-1", master_port=29500
+    )
 
 
 def test_master_port_from_environment():
@@ -38,20 +42,48 @@ def test_master_port_from_environment():
 
 
 def test_under_mpirun_one_worker_in_process_preferring_smddp():
-    environ = {"OMPI_COMM_WORLD_RANK": "9", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-               "OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMPI_COMM_WORLD_NODE_RANK": "1"}
+    environ = {
+        "OMPI_COMM_WORLD_RANK": "9",
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
+    }
     plan = decide_launch(environ, hosts=HOSTS, current_host="algo-2", num_gpus=8)
-    assert plan == LaunchPlan(mode="mpirun", nnodes=2, nproc_per_node=8, node_rank=1, master_addr="algo-1",
-                              master_port=7777, local_rank=1, prefer_smddp=True)
+    assert plan == LaunchPlan(
+        mode="mpirun",
+        nnodes=2,
+        nproc_per_node=8,
+        node_rank=1,
+        master_addr="algo-1",
+        master_port=7777,
+        local_rank=1,
+        prefer_smddp=True,
+    )
     assert plan.in_process
 
 
 def test_under_torchrun_one_worker_in_process():
-    environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
-               "MASTER_ADDR": "algo-1", "MASTER_PORT": "29400", "OMPI_COMM_WORLD_RANK": "0"}
+    environ = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "algo-1",
+        "MASTER_PORT": "29400",
+        "OMPI_COMM_WORLD_RANK": "0",
+    }
     plan = decide_launch(environ, hosts=HOSTS, current_host="algo-2", num_gpus=2)
-    assert plan == LaunchPlan(mode="torchrun", nnodes=2, nproc_per_node=2, node_rank=1, master_addr="algo-1",
-                              master_port=29400, local_rank=1)
+    assert plan == LaunchPlan(
+        mode="torchrun",
+        nnodes=2,
+        nproc_per_node=2,
+        node_rank=1,
+        master_addr="algo-1",
+        master_port=29400,
+        local_rank=1,
+    )
 
 
 def test_bad_values_name_the_option():
@@ -64,12 +96,21 @@ def test_bad_values_name_the_option():
 
 
 def test_elastic_config_exact():
-    plan = LaunchPlan(mode="elastic", nnodes=2, nproc_per_node=8, node_rank=1, master_addr="algo-1",
-                      master_port=7777)
+    plan = LaunchPlan(
+        mode="elastic", nnodes=2, nproc_per_node=8, node_rank=1, master_addr="algo-1", master_port=7777
+    )
     assert elastic_config(plan, run_id="job-1") == {
-        "min_nodes": 2, "max_nodes": 2, "nproc_per_node": 8, "run_id": "job-1", "role": "trainer",
-        "rdzv_backend": "static", "rdzv_endpoint": "algo-1:7777", "rdzv_configs": {"rank": 1, "timeout": 900},
-        "max_restarts": 0, "monitor_interval": 1.0, "start_method": "spawn",
+        "min_nodes": 2,
+        "max_nodes": 2,
+        "nproc_per_node": 8,
+        "run_id": "job-1",
+        "role": "trainer",
+        "rdzv_backend": "static",
+        "rdzv_endpoint": "algo-1:7777",
+        "rdzv_configs": {"rank": 1, "timeout": 900},
+        "max_restarts": 0,
+        "monitor_interval": 1.0,
+        "start_method": "spawn",
     }
 
 
@@ -81,7 +122,8 @@ def test_worker_command_is_a_list_not_a_shell_string():
 
 def test_elastic_config_is_accepted_by_torch_launch_config():
     api = pytest.importorskip("torch.distributed.launcher.api")
-    plan = LaunchPlan(mode="elastic", nnodes=1, nproc_per_node=2, node_rank=0, master_addr="localhost",
-                      master_port=7777)
+    plan = LaunchPlan(
+        mode="elastic", nnodes=1, nproc_per_node=2, node_rank=0, master_addr="localhost", master_port=7777
+    )
     config = api.LaunchConfig(**elastic_config(plan, run_id="t"))
     assert (config.rdzv_backend, config.max_restarts, config.rdzv_configs["rank"]) == ("static", 0, 0)

@@ -186,14 +186,19 @@ def test_vectorised_assignment_equals_the_rules_on_random_targets(model_n3):
     n = 60
     xy = torch.rand(n, 2)
     xy[:5] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.5, 0.5], [0.999, 0.001], [0.0625, 0.9375]])
-    targets = torch.cat((torch.zeros(n, 1), torch.randint(0, 3, (n, 1)).float(), xy, torch.rand(n, 2) * 0.6 + 0.01), 1)
+    targets = torch.cat(
+        (torch.zeros(n, 1), torch.randint(0, 3, (n, 1)).float(), xy, torch.rand(n, 2) * 0.6 + 0.01), 1
+    )
     for level, (ny, nx) in enumerate([(8, 12), (4, 6), (2, 3)]):
         cand = criterion._candidates(targets, level, ny, nx)
         got = sorted(
             (t, a, j, i)
             for t, a, j, i, v in zip(
-                (torch.arange(len(cand["valid"])) % n).tolist(), cand["a"].tolist(), cand["gj"].tolist(),
-                cand["gi"].tolist(), cand["valid"].tolist(),
+                (torch.arange(len(cand["valid"])) % n).tolist(),
+                cand["a"].tolist(),
+                cand["gj"].tolist(),
+                cand["gi"].tolist(),
+                cand["valid"].tolist(),
             )
             if v
         )

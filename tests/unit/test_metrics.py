@@ -94,11 +94,19 @@ def test_map_equals_pycocotools(seed):
         for box, c in zip(gt, gt_cls):
             w, h = box[2] - box[0], box[3] - box[1]
             gt_json["annotations"].append(
-                {"id": len(gt_json["annotations"]) + 1, "image_id": i, "category_id": int(c),
-                 "bbox": [box[0], box[1], w, h], "area": w * h, "iscrowd": 0}
+                {
+                    "id": len(gt_json["annotations"]) + 1,
+                    "image_id": i,
+                    "category_id": int(c),
+                    "bbox": [box[0], box[1], w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
             )
         for x1, y1, x2, y2, score, c in preds:
-            dt_json.append({"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score})
+            dt_json.append(
+                {"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score}
+            )
     assert len(dt_json) > 100
     coco_gt = COCO()
     coco_gt.dataset = gt_json

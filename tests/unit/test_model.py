@@ -22,7 +22,9 @@ def reference() -> dict:
 @pytest.fixture(scope="module")
 def reference_model(reference):
     model = build_model("yolov5n")
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in reference["state_dict"].items()})
+    model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in reference["state_dict"].items()}
+    )
     return model
 
 
@@ -98,7 +100,9 @@ def test_detect_bias_prior_for_training_from_scratch():
     bias = model.detect.m[0].bias.view(3, 8)
     # default conv bias init is within ±1/sqrt(fan_in) = ±0.125 for 64 input channels
     assert torch.allclose(bias[:, 4], torch.full((3,), torch.log(torch.tensor(8 / 80**2)).item()), atol=0.13)
-    assert torch.allclose(bias[:, 5:], torch.full((3, 3), torch.log(torch.tensor(0.6 / 2.00001)).item()), atol=0.13)
+    assert torch.allclose(
+        bias[:, 5:], torch.full((3, 3), torch.log(torch.tensor(0.6 / 2.00001)).item()), atol=0.13
+    )
 
 
 def test_layer_table_of_yolov5s():
@@ -140,7 +144,9 @@ def test_config_lookup(tmp_path):
     with pytest.raises(ConfigError, match="yolov5q"):
         load_model_config("yolov5q")
     path = tmp_path / "custom.yaml"
-    path.write_text((Path(__file__).resolve().parents[2] / "yolov5_smddp/models/cfg/yolov5n.yaml").read_text())
+    path.write_text(
+        (Path(__file__).resolve().parents[2] / "yolov5_smddp/models/cfg/yolov5n.yaml").read_text()
+    )
     assert load_model_config(path)["width_multiple"] == 0.25
     path.write_text("nc: [unclosed")
     with pytest.raises(ConfigError, match="custom.yaml: not valid YAML"):

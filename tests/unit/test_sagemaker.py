@@ -19,14 +19,25 @@ from yolov5_smddp.sagemaker import (
 )
 
 
-def _fake_opt_ml(base: Path, *, hosts=("algo-1", "algo-2"), current="algo-2", hps=None, channels=("training",)):
+def _fake_opt_ml(
+    base: Path, *, hosts=("algo-1", "algo-2"), current="algo-2", hps=None, channels=("training",)
+):
     config = base / "input" / "config"
     config.mkdir(parents=True)
-    (config / "resourceconfig.json").write_text(json.dumps(
-        {"current_host": current, "hosts": list(hosts), "current_instance_type": "ml.p4d.24xlarge",
-         "network_interface_name": "eth1"}))
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {
+                "current_host": current,
+                "hosts": list(hosts),
+                "current_instance_type": "ml.p4d.24xlarge",
+                "network_interface_name": "eth1",
+            }
+        )
+    )
     (config / "hyperparameters.json").write_text(json.dumps(hps or {}))
-    (config / "inputdataconfig.json").write_text(json.dumps({c: {"TrainingInputMode": "File"} for c in channels}))
+    (config / "inputdataconfig.json").write_text(
+        json.dumps({c: {"TrainingInputMode": "File"} for c in channels})
+    )
     for c in channels:
         (base / "input" / "data" / c).mkdir(parents=True)
     return base
@@ -35,23 +46,45 @@ def _fake_opt_ml(base: Path, *, hosts=("algo-1", "algo-2"), current="algo-2", hp
 def test_nothing_set_is_one_local_host(tmp_path):
     env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="laptop", cpu_count=3)
     assert env == SageMakerEnv(
-        base_dir=tmp_path, hosts=["laptop"], current_host="laptop", num_gpus=None, num_cpus=3, channels={},
-        model_dir=tmp_path / "model", output_dir=tmp_path / "output", output_data_dir=tmp_path / "output" / "data",
-        intermediate_dir=tmp_path / "output" / "intermediate", checkpoint_dir=tmp_path / "checkpoints",
-        hyperparameters={}, framework_params={}, instance_type=None, network_interface="eth0", on_sagemaker=False)
+        base_dir=tmp_path,
+        hosts=["laptop"],
+        current_host="laptop",
+        num_gpus=None,
+        num_cpus=3,
+        channels={},
+        model_dir=tmp_path / "model",
+        output_dir=tmp_path / "output",
+        output_data_dir=tmp_path / "output" / "data",
+        intermediate_dir=tmp_path / "output" / "intermediate",
+        checkpoint_dir=tmp_path / "checkpoints",
+        hyperparameters={},
+        framework_params={},
+        instance_type=None,
+        network_interface="eth0",
+        on_sagemaker=False,
+    )
     assert (env.node_rank, env.master_addr) == (0, "laptop")
 
 
 def test_config_files_fallback_when_sm_variables_are_absent(tmp_path):
     """An mpirun rank started over ssh has no SM_*: the /opt/ml/input/config files describe the job."""
-    _fake_opt_ml(tmp_path, hps={"epochs": "3", "cfg": "\"yolov5n\"", "sagemaker_distributed_dataparallel_enabled":
-                                "true", "sagemaker_instance_type": "\"ml.p4d.24xlarge\""})
+    _fake_opt_ml(
+        tmp_path,
+        hps={
+            "epochs": "3",
+            "cfg": '"yolov5n"',
+            "sagemaker_distributed_dataparallel_enabled": "true",
+            "sagemaker_instance_type": '"ml.p4d.24xlarge"',
+        },
+    )
     env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="ignored", cpu_count=96)
     assert env.hosts == ["algo-1", "algo-2"] and env.current_host == "algo-2"
     assert (env.node_rank, env.master_addr) == (1, "algo-1")
     assert env.hyperparameters == {"epochs": 3, "cfg": "yolov5n"}
-    assert env.framework_params == {"sagemaker_distributed_dataparallel_enabled": True,
-                                    "sagemaker_instance_type": "ml.p4d.24xlarge"}
+    assert env.framework_params == {
+        "sagemaker_distributed_dataparallel_enabled": True,
+        "sagemaker_instance_type": "ml.p4d.24xlarge",
+    }
     assert env.channels == {"training": tmp_path / "input" / "data" / "training"}
     assert (env.instance_type, env.network_interface, env.on_sagemaker) == ("ml.p4d.24xlarge", "eth1", True)
 
@@ -59,21 +92,33 @@ def test_config_files_fallback_when_sm_variables_are_absent(tmp_path):
 def test_sm_variables_win_over_files(tmp_path):
     _fake_opt_ml(tmp_path)
     environ = {
-        "SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": '["algo-2","algo-1","algo-3"]', "SM_CURRENT_HOST": "algo-3",
-        "SM_NUM_GPUS": "8", "SM_NUM_CPUS": "96", "SM_CHANNELS": '["training","validation"]',
-        "SM_CHANNEL_TRAINING": "/mnt/fsx/coco", "SM_MODEL_DIR": "/m", "SM_OUTPUT_DATA_DIR": "/o/data",
-        "SM_HPS": '{"epochs": 5, "sagemaker_program": "entrypoint.py"}', "SM_FRAMEWORK_PARAMS": "{}",
+        "SAGEMAKER_BASE_DIR": str(tmp_path),
+        "SM_HOSTS": '["algo-2","algo-1","algo-3"]',
+        "SM_CURRENT_HOST": "algo-3",
+        "SM_NUM_GPUS": "8",
+        "SM_NUM_CPUS": "96",
+        "SM_CHANNELS": '["training","validation"]',
+        "SM_CHANNEL_TRAINING": "/mnt/fsx/coco",
+        "SM_MODEL_DIR": "/m",
+        "SM_OUTPUT_DATA_DIR": "/o/data",
+        "SM_HPS": '{"epochs": 5, "sagemaker_program": "entrypoint.py"}',
+        "SM_FRAMEWORK_PARAMS": "{}",
     }
     env = read_environment(environ, cpu_count=1)
     assert env.hosts == ["algo-1", "algo-2", "algo-3"] and env.node_rank == 2
     assert (env.num_gpus, env.num_cpus) == (8, 96)
-    assert env.channels == {"training": Path("/mnt/fsx/coco"), "validation": tmp_path / "input/data/validation"}
+    assert env.channels == {
+        "training": Path("/mnt/fsx/coco"),
+        "validation": tmp_path / "input/data/validation",
+    }
     assert (env.model_dir, env.output_data_dir) == (Path("/m"), Path("/o/data"))
     assert env.hyperparameters == {"epochs": 5} and env.framework_params == {}
 
 
 def test_output_root_moves_all_outputs(tmp_path):
-    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path / "ml")}, hostname="h", output_root=tmp_path / "run")
+    env = read_environment(
+        {"SAGEMAKER_BASE_DIR": str(tmp_path / "ml")}, hostname="h", output_root=tmp_path / "run"
+    )
     assert env.model_dir == tmp_path / "run" / "model"
     assert env.output_data_dir == tmp_path / "run" / "output" / "data"
     assert env.checkpoint_dir == tmp_path / "run" / "checkpoints"
@@ -85,7 +130,9 @@ def test_bad_json_and_unknown_host_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="SM_HOSTS"):
         read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": "[algo-1"})
     with pytest.raises(ConfigError, match="'algo-9'"):
-        read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"})
+        read_environment(
+            {"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-9"}
+        )
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "resourceconfig.json").write_text("{not json")
     with pytest.raises(ConfigError, match="resourceconfig.json"):
@@ -93,8 +140,9 @@ def test_bad_json_and_unknown_host_are_config_errors(tmp_path):
 
 
 def test_hyperparameters_from_cli_are_sagemaker_json_strings():
-    assert hyperparameters_from_cli(["--epochs", "3", "--rect", "--cfg=yolov5n", "--batch_size", "8", "--noval"]) == {
-        "epochs": "3", "rect": "true", "cfg": '"yolov5n"', "batch_size": "8", "noval": "true"}
+    assert hyperparameters_from_cli(
+        ["--epochs", "3", "--rect", "--cfg=yolov5n", "--batch_size", "8", "--noval"]
+    ) == {"epochs": "3", "rect": "true", "cfg": '"yolov5n"', "batch_size": "8", "noval": "true"}
     with pytest.raises(ConfigError, match="'oops'"):
         hyperparameters_from_cli(["oops"])
 
@@ -119,16 +167,23 @@ def test_write_local_config_only_when_none_is_mounted(tmp_path):
 def test_location_args_fill_only_what_the_user_did_not_set(tmp_path):
     env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="h")
     args = location_args(env, ["--epochs", "1", "--model_dir", "/mine", "--cache-dir=/c"])
-    assert args == ["--output-dir", str(tmp_path / "output/data"), "--checkpoint-dir", str(tmp_path / "checkpoints"),
-                    "--tensorboard-dir", str(tmp_path / "output/tensorboard")]
+    assert args == [
+        "--output-dir",
+        str(tmp_path / "output/data"),
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
+        "--tensorboard-dir",
+        str(tmp_path / "output/tensorboard"),
+    ]
 
 
 def _write_dataset(root: Path) -> None:
     for split in ("train", "val"):
         (root / "images" / split).mkdir(parents=True)
         (root / "labels" / split).mkdir(parents=True)
-    (root / "data.yaml").write_text("path: /home/someone/datasets/tiny\ntrain: images/train\nval: images/val\n"
-                                    "names: [cat, dog]\n")
+    (root / "data.yaml").write_text(
+        "path: /home/someone/datasets/tiny\ntrain: images/train\nval: images/val\nnames: [cat, dog]\n"
+    )
 
 
 def test_prepare_data_yaml_rebases_onto_the_channel(tmp_path):
@@ -141,8 +196,13 @@ def test_prepare_data_yaml_rebases_onto_the_channel(tmp_path):
     import yaml
 
     rebased = yaml.safe_load(out.read_text())
-    assert rebased == {"path": str(channel.resolve()), "train": [str((channel / "images/train").resolve())],
-                       "val": [str(base / "input" / "data" / "val")], "names": ["cat", "dog"], "nc": 2}
+    assert rebased == {
+        "path": str(channel.resolve()),
+        "train": [str((channel / "images/train").resolve())],
+        "val": [str(base / "input" / "data" / "val")],
+        "names": ["cat", "dog"],
+        "nc": 2,
+    }
 
 
 def test_prepare_data_yaml_errors_name_the_channel(tmp_path):

@@ -23,9 +23,12 @@ def sweep():
     del sys.modules["scaling_sweep"]
 
 
-BASE = JobSpec(image_uri="123.dkr.ecr.us-west-2.amazonaws.com/yolov5-smddp:1", role="arn:aws:iam::123:role/R",
-               hyperparameters={"cfg": "yolov5x", "epochs": 3, "batch-size": 256},
-               metric_definitions=[{"Name": "m", "Regex": "m=(\\S+)"}])
+BASE = JobSpec(
+    image_uri="123.dkr.ecr.us-west-2.amazonaws.com/yolov5-smddp:1",
+    role="arn:aws:iam::123:role/R",
+    hyperparameters={"cfg": "yolov5x", "epochs": 3, "batch-size": 256},
+    metric_definitions=[{"Name": "m", "Regex": "m=(\\S+)"}],
+)
 
 
 def tar_bytes(files: dict[str, bytes]) -> bytes:
@@ -40,8 +43,12 @@ def tar_bytes(files: dict[str, bytes]) -> bytes:
 
 def test_sweep_points_product_sorted(sweep):
     points = sweep.sweep_points([2, 1], [8], [48, 32])
-    assert [(p.nodes, p.workers, p.batch_per_gpu) for p in points] == [(1, 8, 32), (1, 8, 48), (2, 8, 32),
-                                                                       (2, 8, 48)]
+    assert [(p.nodes, p.workers, p.batch_per_gpu) for p in points] == [
+        (1, 8, 32),
+        (1, 8, 48),
+        (2, 8, 32),
+        (2, 8, 48),
+    ]
 
 
 def test_sweep_points_reject_zero_nodes(sweep):
@@ -60,14 +67,21 @@ def test_estimator_kwargs_per_point(sweep):
     points = sweep.sweep_points([1, 4], [12], [32])
     kwargs = sweep.sweep_estimator_kwargs(BASE, points)
     assert [k["instance_count"] for k in kwargs] == [1, 4]
-    assert kwargs[1]["hyperparameters"] == {"cfg": "yolov5x", "epochs": "3", "batch-per-gpu": "32", "workers": "12"}
+    assert kwargs[1]["hyperparameters"] == {
+        "cfg": "yolov5x",
+        "epochs": "3",
+        "batch-per-gpu": "32",
+        "workers": "12",
+    }
     assert kwargs[1]["base_job_name"] == "yolov5-smddp-n4-w12-b32"
     assert kwargs[1]["distribution"] == {"smdistributed": {"dataparallel": {"enabled": True}}}
     assert kwargs[1]["image_uri"] == BASE.image_uri and kwargs[1]["role"] == BASE.role
 
 
 def test_metrics_from_model_tar_reads_json_in_a_folder(sweep):
-    data = tar_bytes({"weights/best.pt": b"x", "out/metrics.json": json.dumps({"samples_per_s": 12.5}).encode()})
+    data = tar_bytes(
+        {"weights/best.pt": b"x", "out/metrics.json": json.dumps({"samples_per_s": 12.5}).encode()}
+    )
     assert sweep.metrics_from_model_tar(data) == {"samples_per_s": 12.5}
 
 
@@ -106,15 +120,20 @@ def test_scaling_efficiency_exact(sweep):
 
 
 def test_parse_hp(sweep):
-    assert sweep.parse_hp(["cfg=yolov5x", "hyp-override=lr0=0.02"]) == {"cfg": "yolov5x",
-                                                                        "hyp-override": "lr0=0.02"}
+    assert sweep.parse_hp(["cfg=yolov5x", "hyp-override=lr0=0.02"]) == {
+        "cfg": "yolov5x",
+        "hyp-override": "lr0=0.02",
+    }
     with pytest.raises(ConfigError, match="key=value"):
         sweep.parse_hp(["epochs"])
 
 
 def test_default_key_reads_the_trainers_metrics_json(sweep):
     # the shape trainer.write_final_outputs writes: throughput over all ranks under "throughput"
-    metrics = {"final": None, "world_size": 16, "throughput": {"samples_per_sec": 3100.0,
-                                                               "samples_per_sec_per_gpu": 193.75}}
+    metrics = {
+        "final": None,
+        "world_size": 16,
+        "throughput": {"samples_per_sec": 3100.0, "samples_per_sec_per_gpu": 193.75},
+    }
     data = tar_bytes({"metrics.json": json.dumps(metrics).encode(), "best.pt": b"weights"})
     assert sweep.throughput(sweep.metrics_from_model_tar(data)) == 3100.0

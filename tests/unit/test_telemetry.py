@@ -8,8 +8,15 @@ def _metric(name: str) -> str:
 
 
 def test_line_format_and_regexes_read_it_behind_an_mpirun_prefix():
-    line = "[1,0]<stdout>: " + metric_line(epoch=3, step=120, loss=4.25, box_loss=0.081, samples_per_sec=312.5,
-                                              data_wait=0.12, **{"mAP50": 0.5, "mAP50-95": 0.3})
+    line = "[1,0]<stdout>: " + metric_line(
+        epoch=3,
+        step=120,
+        loss=4.25,
+        box_loss=0.081,
+        samples_per_sec=312.5,
+        data_wait=0.12,
+        **{"mAP50": 0.5, "mAP50-95": 0.3},
+    )
     assert "epoch=3 step=120 loss=4.25 box_loss=0.081" in line
     values = {d["Name"]: re.search(d["Regex"], line) for d in METRIC_DEFINITIONS}
     assert float(values["train:loss"].group(1)) == 4.25  # not box_loss's value

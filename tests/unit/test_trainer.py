@@ -64,7 +64,9 @@ def test_optimizer_groups_and_freeze():
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
     assert sum(len(g["params"]) for g in opt.param_groups) == trainable
     apply_settings(opt, StepSettings({"bias": 0.1, "weight": 0.02, "norm": 0.03}, 0.85, 1))
-    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.02, 0.03] and opt.param_groups[0]["momentum"] == 0.85
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.02, 0.03] and opt.param_groups[0][
+        "momentum"
+    ] == 0.85
     adam = build_optimizer(model, "AdamW", 0.001, 0.937, 5e-4)
     apply_settings(adam, StepSettings({"bias": 0.1, "weight": 0.02, "norm": 0.03}, 0.85, 1))
     assert adam.param_groups[1]["betas"] == (0.85, 0.999)
@@ -104,21 +106,43 @@ def _tiny_step(inject=None):
     criterion = YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64))
     opt = build_optimizer(model, "SGD", 0.01, 0.9, 0.0)
     amp = AmpPolicy("off", "cpu")
-    return model, TrainStep(model, criterion, opt, amp.make_scaler(), ModelEMA(model), amp, torch.device("cpu"),
-                            inject_nonfinite_step=inject)
+    return model, TrainStep(
+        model,
+        criterion,
+        opt,
+        amp.make_scaler(),
+        ModelEMA(model),
+        amp,
+        torch.device("cpu"),
+        inject_nonfinite_step=inject,
+    )
 
 
 def _batches(n):
     g = torch.Generator().manual_seed(0)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.4]])
-    return [(torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), ()) for _ in range(n)]
+    return [
+        (torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), ())
+        for _ in range(n)
+    ]
 
 
 def _epoch(step, n, max_nonfinite=2, log_every=1):
-    return train_one_epoch(step, _batches(n), epoch=0, first_iteration=0, last_optimizer_iteration=-1,
-                           settings_for=lambda it: StepSettings({"bias": 0.01, "weight": 0.01, "norm": 0.01}, 0.9, 2),
-                           log_every=log_every, max_nonfinite_steps=max_nonfinite, imgsz=64, multi_scale=False,
-                           stop_requested=lambda: False, main=False, world_size=1)
+    return train_one_epoch(
+        step,
+        _batches(n),
+        epoch=0,
+        first_iteration=0,
+        last_optimizer_iteration=-1,
+        settings_for=lambda it: StepSettings({"bias": 0.01, "weight": 0.01, "norm": 0.01}, 0.9, 2),
+        log_every=log_every,
+        max_nonfinite_steps=max_nonfinite,
+        imgsz=64,
+        multi_scale=False,
+        stop_requested=lambda: False,
+        main=False,
+        world_size=1,
+    )
 
 
 def test_epoch_accumulates_and_updates_ema():

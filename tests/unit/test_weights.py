@@ -61,11 +61,15 @@ def test_transfer_coco_weights_into_three_classes(tmp_path, model_n):
     target = build_model("yolov5n", nc=3)
     report = transfer_state(target, model_n.state_dict())
     assert report.loaded == 349 - 6
-    assert sorted(report.skipped_shape) == sorted(f"model.24.m.{i}.{p}" for i in range(3) for p in ("weight", "bias"))
+    assert sorted(report.skipped_shape) == sorted(
+        f"model.24.m.{i}.{p}" for i in range(3) for p in ("weight", "bias")
+    )
     assert report.missing == [] and report.unexpected == []
     assert torch.equal(target.model[4].cv1.conv.weight, model_n.model[4].cv1.conv.weight)
     assert "343" in report.summary()
-    report = transfer_state(target, {"model.24.anchors": torch.ones(3, 3, 2), "extra": torch.ones(1)}, exclude=("anchors",))
+    report = transfer_state(
+        target, {"model.24.anchors": torch.ones(3, 3, 2), "extra": torch.ones(1)}, exclude=("anchors",)
+    )
     assert report.loaded == 0 and report.excluded == ["model.24.anchors"] and report.unexpected == ["extra"]
     assert not torch.equal(target.detect.anchors, torch.ones(3, 3, 2))
 
@@ -96,7 +100,9 @@ def test_incompatible_checkpoint_is_refused(tmp_path, model_n):
 # --- the release's format -------------------------------------------------------------------------
 
 
-def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool, training_state: bool = False) -> None:
+def _release_style_checkpoint(
+    path: Path, model: nn.Module, *, ema: bool, training_state: bool = False
+) -> None:
     """torch.save a whole-model checkpoint whose classes are named as the release names them, made from
     stand-in classes registered under models.yolo / models.common only while saving."""
     yolo_mod, common_mod = types.ModuleType("models.yolo"), types.ModuleType("models.common")
@@ -137,8 +143,14 @@ def _release_style_checkpoint(path: Path, model: nn.Module, *, ema: bool, traini
         return copy
 
     ckpt = {
-        "epoch": -1, "best_fitness": None, "model": release_copy(model), "ema": None, "updates": None,
-        "optimizer": None, "opt": {"imgsz": 640, "hyp": {"lr0": 0.01}}, "git": {"commit": "x"},
+        "epoch": -1,
+        "best_fitness": None,
+        "model": release_copy(model),
+        "ema": None,
+        "updates": None,
+        "optimizer": None,
+        "opt": {"imgsz": 640, "hyp": {"lr0": 0.01}},
+        "git": {"commit": "x"},
         "date": "2022-11-22T00:00:00",
     }
     if ema:
@@ -174,7 +186,9 @@ def test_release_checkpoint_loads_through_the_allow_list(tmp_path, model_n, ema,
     assert loaded.cfg["width_multiple"] == 0.25 and loaded.cfg["anchors"][0] == [10, 13, 16, 30, 33, 23]
     model = load_model(path)
     reference = build_model("yolov5n")
-    reference.load_state_dict({k: v.half().float() if v.is_floating_point() else v for k, v in model_n.state_dict().items()})
+    reference.load_state_dict(
+        {k: v.half().float() if v.is_floating_point() else v for k, v in model_n.state_dict().items()}
+    )
     x = torch.rand(1, 3, 64, 96)
     torch.testing.assert_close(_outputs(model, x), _outputs(reference, x))
 
@@ -200,6 +214,8 @@ def test_malicious_pickle_is_refused_without_side_effects(tmp_path, payload):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
     torch.save({"epoch": 0, "model": payload(marker), "ema": None}, path)
-    with pytest.raises(WeightsError, match=r"evil.pt: refuses to load: the pickle names (posix\.system|builtins\.eval)"):
+    with pytest.raises(
+        WeightsError, match=r"evil.pt: refuses to load: the pickle names (posix\.system|builtins\.eval)"
+    ):
         load_weights(path)
     assert not marker.exists()

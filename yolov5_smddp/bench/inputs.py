@@ -32,20 +32,28 @@ def synthetic_targets(batch: int, nc: int, generator: torch.Generator) -> torch.
     return torch.cat([image_index[:, None], cls[:, None], centres, sizes], dim=1)
 
 
-def staged_synthetic(batch: int, imgsz: int, nc: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def staged_synthetic(
+    batch: int, imgsz: int, nc: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """STAGED_BATCHES random uint8 batches and their targets, already on `device`."""
     generator = torch.Generator().manual_seed(0)
     return [
-        (torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=generator).to(device),
-         synthetic_targets(batch, nc, generator).to(device))
+        (
+            torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=generator).to(
+                device
+            ),
+            synthetic_targets(batch, nc, generator).to(device),
+        )
         for _ in range(STAGED_BATCHES)
     ]
 
 
 def stage(loader_batches: Iterator[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> list:
     """The first STAGED_BATCHES batches of a real pipeline, copied to `device` once."""
-    return [(images.to(device), targets.to(device)) for images, targets in itertools.islice(loader_batches,
-                                                                                            STAGED_BATCHES)]
+    return [
+        (images.to(device), targets.to(device))
+        for images, targets in itertools.islice(loader_batches, STAGED_BATCHES)
+    ]
 
 
 def dataset_yaml(data: str, scratch: Path, imgsz: int, batch: int) -> Path:
@@ -71,12 +79,21 @@ def pipeline_batches(
     from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
 
     config = load_data_config(yaml_path)
-    index = build_label_index(config.train, nc=config.nc, root=config.root, cache_dir=cache_dir,
-                              workers=max(workers, 1))
+    index = build_label_index(
+        config.train, nc=config.nc, root=config.root, cache_dir=cache_dir, workers=max(workers, 1)
+    )
     dataset = YoloDataset(index, imgsz, augment=True, hyp=hyp, batch_size=batch)
     used_workers = num_workers_per_rank(os.cpu_count() or 1, local_gpus, batch, workers)
-    loader = build_dataloader(dataset, batch_size=batch, rank=0, world_size=1, workers=used_workers,
-                              shuffle=True, seed=0, drop_last=True)
+    loader = build_dataloader(
+        dataset,
+        batch_size=batch,
+        rank=0,
+        world_size=1,
+        workers=used_workers,
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+    )
     if len(loader) == 0:
         raise DataError(f"{yaml_path}: {len(dataset)} training images are fewer than one batch of {batch}")
 

@@ -133,8 +133,12 @@ def _emulate_device_backward(model, images, total_s: float) -> None:
 
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     flops: dict[nn.Module, float] = {}
-    probes = [m.register_forward_hook(lambda mod, _i, out: flops.__setitem__(mod, 2.0 * out.numel() * mod.weight[0].numel()))
-              for m in convs]
+    probes = [
+        m.register_forward_hook(
+            lambda mod, _i, out: flops.__setitem__(mod, 2.0 * out.numel() * mod.weight[0].numel())
+        )
+        for m in convs
+    ]
     with torch.no_grad():
         model(images)
     for probe in probes:
@@ -152,8 +156,17 @@ def _emulate_device_backward(model, images, total_s: float) -> None:
         attach(conv, total_s * flops[conv] / total_flops)
 
 
-def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: int, iters: int,
-            out_path: str, emulate_device_ms: float) -> None:
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    cfg: str,
+    imgsz: int,
+    batch: int,
+    iters: int,
+    out_path: str,
+    emulate_device_ms: float,
+) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -162,9 +175,17 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
     from yolov5_smddp.models.yolo import build_model
 
     torch.set_num_threads(1)
-    info = distributed.DistInfo(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size,
-                                node_rank=0, master_addr="127.0.0.1", master_port=port, launcher="torchrun",
-                                use_libuv=os.environ.get("USE_LIBUV", "1") != "0")
+    info = distributed.DistInfo(
+        rank=rank,
+        local_rank=rank,
+        world_size=world_size,
+        local_world_size=world_size,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=port,
+        launcher="torchrun",
+        use_libuv=os.environ.get("USE_LIBUV", "1") != "0",
+    )
     distributed.init(info, "gloo", timeout_s=600)  # the trainer's own process-group setup
     try:
         torch.manual_seed(0)
@@ -174,7 +195,9 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
         images = torch.rand(batch, 3, imgsz, imgsz)
         if emulate_device_ms > 0:
             _emulate_device_backward(model, images, emulate_device_ms / 1e3)
-        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
+        ddp = DistributedDataParallel(
+            model, gradient_as_bucket_view=True
+        )  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
         switch = _CommSwitch(world_size)
         ddp.register_comm_hook(switch, _switchable_allreduce)
 
@@ -213,30 +236,46 @@ def _worker(rank: int, world_size: int, port: int, cfg: str, imgsz: int, batch: 
                 per_bucket[k].append(time.perf_counter() - start)
 
         if rank == 0:
-            Path(out_path).write_text(json.dumps({
-                **timings,
-                "bucket_s": [statistics.median(t) for t in per_bucket],
-                "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
-                "gradient_bytes": sum(tensor_bytes),
-                "model_bucket_bytes": [sum(tensor_bytes[i] for i in b) for b in buckets],
-                "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
-            }))
+            Path(out_path).write_text(
+                json.dumps(
+                    {
+                        **timings,
+                        "bucket_s": [statistics.median(t) for t in per_bucket],
+                        "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
+                        "gradient_bytes": sum(tensor_bytes),
+                        "model_bucket_bytes": [sum(tensor_bytes[i] for i in b) for b in buckets],
+                        "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
+                    }
+                )
+            )
     finally:
         distributed.destroy()
 
 
-def measure_overlap(*, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2,
-                    emulate_device_ms: float = 0.0) -> OverlapMeasurement:
+def measure_overlap(
+    *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int = 2, emulate_device_ms: float = 0.0
+) -> OverlapMeasurement:
     """Spawns `world_size` Gloo processes on this machine and returns rank 0's measurement."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "overlap.json")
-        mp.spawn(_worker, args=(world_size, _free_port(), cfg, imgsz, batch, iters, out_path, emulate_device_ms),
-                 nprocs=world_size, join=True)
+        mp.spawn(
+            _worker,
+            args=(world_size, _free_port(), cfg, imgsz, batch, iters, out_path, emulate_device_ms),
+            nprocs=world_size,
+            join=True,
+        )
         raw = json.loads(Path(out_path).read_text())
-    return summarise(raw, cfg=cfg, imgsz=imgsz, batch=batch, iters=iters, world_size=world_size,
-                     emulate_device_ms=emulate_device_ms)
+    return summarise(
+        raw,
+        cfg=cfg,
+        imgsz=imgsz,
+        batch=batch,
+        iters=iters,
+        world_size=world_size,
+        emulate_device_ms=emulate_device_ms,
+    )
 
 
 def contention_estimate(model_exposed: float, no_overlap: float, host_compute_share: float) -> float:
@@ -247,8 +286,16 @@ def contention_estimate(model_exposed: float, no_overlap: float, host_compute_sh
     return model_exposed + host_compute_share * (no_overlap - model_exposed)
 
 
-def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_size: int,
-              emulate_device_ms: float = 0.0) -> OverlapMeasurement:
+def summarise(
+    raw: dict,
+    *,
+    cfg: str,
+    imgsz: int,
+    batch: int,
+    iters: int,
+    world_size: int,
+    emulate_device_ms: float = 0.0,
+) -> OverlapMeasurement:
     """Turns rank 0's raw timings (seconds; lists of (forward, backward) per kind of step) into the
     comparison."""
     steps = {kind: [f + b for f, b in raw[kind]] for kind in STEP_KINDS}
@@ -259,7 +306,9 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
     backward_s = statistics.mean(b for _, b in raw["sync_local"])
     bucket_s = raw["bucket_s"]
     predicted = simulate_overlap([r * backward_s for r in raw["ready"]], bucket_s, backward_s)
-    host_share = min(max(backward_s - emulate_device_ms / 1e3, 0.0) / backward_s, 1.0) if backward_s > 0 else 1.0
+    host_share = (
+        min(max(backward_s - emulate_device_ms / 1e3, 0.0) / backward_s, 1.0) if backward_s > 0 else 1.0
+    )
     return OverlapMeasurement(
         cfg=cfg,
         imgsz=imgsz,
@@ -284,5 +333,6 @@ def summarise(raw: dict, *, cfg: str, imgsz: int, batch: int, iters: int, world_
         predicted_exposed_ms=predicted.exposed_s * 1e3,
         predicted_if_no_overlap_ms=predicted.comm_s * 1e3,
         host_compute_share=host_share,
-        predicted_with_contention_ms=contention_estimate(predicted.exposed_s, predicted.comm_s, host_share) * 1e3,
+        predicted_with_contention_ms=contention_estimate(predicted.exposed_s, predicted.comm_s, host_share)
+        * 1e3,
     )

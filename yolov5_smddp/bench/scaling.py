@@ -132,7 +132,9 @@ def allreduce_seconds(nbytes: float, links: Links, algorithm: str) -> float:
         return 0.0
     if n == 1 or algorithm == "hierarchical":
         intra = 2 * (g - 1) / g * nbytes / links.intra_node_Bps + 2 * (g - 1) * links.intra_node_latency_s
-        inter = ring_allreduce_bytes(nbytes, n) / links.inter_node_Bps + 2 * (n - 1) * links.inter_node_latency_s
+        inter = (
+            ring_allreduce_bytes(nbytes, n) / links.inter_node_Bps + 2 * (n - 1) * links.inter_node_latency_s
+        )
         return intra + inter
     bottleneck = min(links.inter_node_Bps, links.intra_node_Bps)
     return ring_allreduce_bytes(nbytes, w) / bottleneck + 2 * (w - 1) * links.inter_node_latency_s
@@ -265,8 +267,10 @@ def gradient_profile(model, imgsz: int = WORK_IMGSZ) -> GradientProfile:
         work[position[id(module.weight)]] += 2.0 * output.numel() * per_output
 
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    hooks += [p.register_post_accumulate_grad_hook(lambda _p, i=i: ready_order.append(i))
-              for i, p in enumerate(params)]
+    hooks += [
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: ready_order.append(i))
+        for i, p in enumerate(params)
+    ]
     try:
         outputs = model(torch.zeros(1, 3, imgsz, imgsz, device=params[0].device))
         sum(o.float().mean() for o in outputs).backward()
@@ -296,37 +300,66 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cfg", default="yolov5x.yaml", help="model config (gradient sizes and layer work)")
-    parser.add_argument("--step-ms", type=float, required=True,
-                        help="measured single-GPU training step time in ms (bench train)")
+    parser.add_argument(
+        "--step-ms",
+        type=float,
+        required=True,
+        help="measured single-GPU training step time in ms (bench train)",
+    )
     parser.add_argument("--batch-per-gpu", type=int, default=32, help="only for the samples/s column")
     parser.add_argument("--nodes", type=_int_list, default=[1, 2, 4, 8], help="node counts, e.g. 1,2,4,8")
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--inter-node-gbps", type=float, default=400.0,
-                        help="one node's total network bandwidth, Gbit/s (p4d: 4 × 100 Gbit/s EFA)")
-    parser.add_argument("--intra-node-gbps", type=float, default=2400.0,
-                        help="one GPU's NVLink bandwidth to its peers, one direction, Gbit/s "
-                             "(A100: 600 GB/s both directions = 2400 Gbit/s each way)")
-    parser.add_argument("--link-efficiency", type=float, default=0.8,
-                        help="achieved fraction of the line rates above")
+    parser.add_argument(
+        "--inter-node-gbps",
+        type=float,
+        default=400.0,
+        help="one node's total network bandwidth, Gbit/s (p4d: 4 × 100 Gbit/s EFA)",
+    )
+    parser.add_argument(
+        "--intra-node-gbps",
+        type=float,
+        default=2400.0,
+        help="one GPU's NVLink bandwidth to its peers, one direction, Gbit/s "
+        "(A100: 600 GB/s both directions = 2400 Gbit/s each way)",
+    )
+    parser.add_argument(
+        "--link-efficiency", type=float, default=0.8, help="achieved fraction of the line rates above"
+    )
     parser.add_argument("--inter-node-latency-us", type=float, default=20.0, help="per ring hop")
     parser.add_argument("--intra-node-latency-us", type=float, default=5.0, help="per ring hop")
-    parser.add_argument("--grad-bytes", type=int, default=4, choices=(2, 4),
-                        help="bytes per gradient value: 4 = fp32 grads (AMP keeps fp32 params), "
-                             "2 = a bf16/fp16 compression hook")
-    parser.add_argument("--backward-fraction", type=float, default=0.6,
-                        help="share of the step spent in the backward (forward ≈ 1/3 of the FLOPs, "
-                             "minus data and optimizer time)")
+    parser.add_argument(
+        "--grad-bytes",
+        type=int,
+        default=4,
+        choices=(2, 4),
+        help="bytes per gradient value: 4 = fp32 grads (AMP keeps fp32 params), "
+        "2 = a bf16/fp16 compression hook",
+    )
+    parser.add_argument(
+        "--backward-fraction",
+        type=float,
+        default=0.6,
+        help="share of the step spent in the backward (forward ≈ 1/3 of the FLOPs, "
+        "minus data and optimizer time)",
+    )
     parser.add_argument("--algorithm", choices=(*ALGORITHMS, "both"), default="both")
     parser.add_argument("--json", type=Path, default=None, help="write the predictions here")
-    parser.add_argument("--measure-overlap", action="store_true",
-                        help="also measure DDP overlap with 2 local Gloo processes and compare with the model")
+    parser.add_argument(
+        "--measure-overlap",
+        action="store_true",
+        help="also measure DDP overlap with 2 local Gloo processes and compare with the model",
+    )
     parser.add_argument("--overlap-cfg", default="yolov5s.yaml")
     parser.add_argument("--overlap-imgsz", type=int, default=128)
     parser.add_argument("--overlap-batch", type=int, default=2)
     parser.add_argument("--overlap-iters", type=int, default=8)
-    parser.add_argument("--overlap-emulate-device-ms", type=float, default=0.0,
-                        help="emulate an accelerator: each step's backward also waits this long on device "
-                             "kernels (sleeping, cores free for Gloo); 0 = plain CPU compute")
+    parser.add_argument(
+        "--overlap-emulate-device-ms",
+        type=float,
+        default=0.0,
+        help="emulate an accelerator: each step's backward also waits this long on device "
+        "kernels (sleeping, cores free for Gloo); 0 = plain CPU compute",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -343,8 +376,10 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def format_table(points: Sequence[ScalingPoint]) -> str:
-    header = (f"{'algorithm':<13}{'nodes':>6}{'GPUs':>6}{'comm ms':>10}{'exposed ms':>12}{'hidden':>8}"
-              f"{'step ms':>10}{'samples/s':>11}{'eff':>7}{'eff/1node':>10}")
+    header = (
+        f"{'algorithm':<13}{'nodes':>6}{'GPUs':>6}{'comm ms':>10}{'exposed ms':>12}{'hidden':>8}"
+        f"{'step ms':>10}{'samples/s':>11}{'eff':>7}{'eff/1node':>10}"
+    )
     rows = [
         f"{p.algorithm:<13}{p.nodes:>6}{p.world_size:>6}{p.comm_ms:>10.2f}{p.exposed_ms:>12.2f}"
         f"{p.hidden_fraction:>8.1%}{p.step_ms:>10.2f}{p.samples_per_s:>11.1f}{p.efficiency:>7.1%}"
@@ -383,8 +418,10 @@ def run(args: argparse.Namespace) -> int:
         )
     ]
     buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
-    print(f"{args.cfg}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB, "
-          f"{len(buckets)} DDP buckets; step {args.step_ms:g} ms on 1 GPU, backward {args.backward_fraction:.0%}")
+    print(
+        f"{args.cfg}: {len(tensor_bytes)} gradient tensors, {sum(tensor_bytes) / 1e6:.1f} MB, "
+        f"{len(buckets)} DDP buckets; step {args.step_ms:g} ms on 1 GPU, backward {args.backward_fraction:.0%}"
+    )
     print(format_table(points))
     report: dict = {
         "cfg": args.cfg,
@@ -396,9 +433,13 @@ def run(args: argparse.Namespace) -> int:
     if args.measure_overlap:
         from yolov5_smddp.bench.overlap import measure_overlap
 
-        result = measure_overlap(cfg=args.overlap_cfg, imgsz=args.overlap_imgsz, batch=args.overlap_batch,
-                                 iters=args.overlap_iters,
-                                 emulate_device_ms=args.overlap_emulate_device_ms)
+        result = measure_overlap(
+            cfg=args.overlap_cfg,
+            imgsz=args.overlap_imgsz,
+            batch=args.overlap_batch,
+            iters=args.overlap_iters,
+            emulate_device_ms=args.overlap_emulate_device_ms,
+        )
         print(result.summary())
         report["overlap_measurement"] = {**asdict(result), "agrees": result.agrees}
     if args.json is not None:

@@ -63,9 +63,14 @@ class StepResult:
     mfu: float | None  # None without a known peak (CPU without --peak-tflops)
 
 
-def combinations(batches: Sequence[int], amps: Sequence[str], channels_last: Sequence[bool]) -> list[Combination]:
+def combinations(
+    batches: Sequence[int], amps: Sequence[str], channels_last: Sequence[bool]
+) -> list[Combination]:
     """Every (batch, amp, channels_last), in the order given (batch outermost)."""
-    return [Combination(batch=b, amp=a, channels_last=c) for b, a, c in itertools.product(batches, amps, channels_last)]
+    return [
+        Combination(batch=b, amp=a, channels_last=c)
+        for b, a, c in itertools.product(batches, amps, channels_last)
+    ]
 
 
 def summarise(
@@ -130,21 +135,36 @@ def _positive(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cfg", default="yolov5s.yaml", help="model config name or YAML path")
     parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--batch-per-gpu", type=_list_of(_positive, "batch sizes"), default=[16, 32, 48],
-                        help="e.g. 16,32,48")
+    parser.add_argument(
+        "--batch-per-gpu", type=_list_of(_positive, "batch sizes"), default=[16, 32, 48], help="e.g. 16,32,48"
+    )
     parser.add_argument("--amp", type=_list_of(_amp, "of off, bf16, fp16"), default=["bf16", "fp16"])
-    parser.add_argument("--channels-last", type=_list_of(SWITCH.__getitem__, "on/off"), default=[True, False],
-                        help="on, off or on,off")
+    parser.add_argument(
+        "--channels-last",
+        type=_list_of(SWITCH.__getitem__, "on/off"),
+        default=[True, False],
+        help="on, off or on,off",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (compiles in warmup)")
     parser.add_argument("--iters", type=_positive, default=20, help="measured steps per combination")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (>= 1 with --compile)")
     parser.add_argument("--data", default="synthetic", help="'synthetic' or a data.yaml")
-    parser.add_argument("--loader", choices=("device", "real"), default="device",
-                        help="device: pre-staged uint8 batches on the device; real: the full data pipeline")
-    parser.add_argument("--workers", type=int, default=8, help="DataLoader workers (--loader real / --data PATH)")
+    parser.add_argument(
+        "--loader",
+        choices=("device", "real"),
+        default="device",
+        help="device: pre-staged uint8 batches on the device; real: the full data pipeline",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=8, help="DataLoader workers (--loader real / --data PATH)"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="device peak for MFU (default: looked up by GPU name; none on CPU)")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device peak for MFU (default: looked up by GPU name; none on CPU)",
+    )
     parser.add_argument("--hyp", default="scratch-low", help="loss gains and augmentation")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
 
@@ -175,19 +195,34 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
     from yolov5_smddp.bench import inputs
 
     if args.loader == "device" and args.data == "synthetic":
-        return itertools.cycle(inputs.staged_synthetic(combo.batch, args.imgsz, DEFAULT_NC, device)), DEFAULT_NC
+        return itertools.cycle(
+            inputs.staged_synthetic(combo.batch, args.imgsz, DEFAULT_NC, device)
+        ), DEFAULT_NC
     yaml_path = inputs.dataset_yaml(args.data, scratch, args.imgsz, combo.batch)
     batches, nc, workers = inputs.pipeline_batches(
-        yaml_path, imgsz=args.imgsz, batch=combo.batch, workers=args.workers if args.loader == "real" else 0,
-        hyp=hyp, cache_dir=scratch / "label-cache", local_gpus=1)
+        yaml_path,
+        imgsz=args.imgsz,
+        batch=combo.batch,
+        workers=args.workers if args.loader == "real" else 0,
+        hyp=hyp,
+        cache_dir=scratch / "label-cache",
+        local_gpus=1,
+    )
     log.info("data: %s, %d DataLoader workers", yaml_path, workers)
     if args.loader == "device":
         return itertools.cycle(inputs.stage(batches, device)), nc
     return batches, nc
 
 
-def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
-            flops_for: Callable[[int], float], peak: float | None) -> StepResult:
+def measure(
+    args,
+    combo: Combination,
+    device,
+    hyp: dict,
+    scratch: Path,
+    flops_for: Callable[[int], float],
+    peak: float | None,
+) -> StepResult:
     """Builds a fresh model, EMA and optimizer for `combo` exactly as the trainer does, warms up, then
     times `args.iters` steps of the engine's own TrainStep (micro_step + optimizer_step: AMP, gradient
     clipping, the non-finite guard and the EMA update included)."""
@@ -208,8 +243,16 @@ def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
     ema = ModelEMA(model)
     optimizer = build_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
     amp = resolve_amp(combo.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
-    step = TrainStep(torch.compile(model) if args.compile else model, criterion, optimizer, amp.make_scaler(),
-                     ema, amp, device, channels_last=combo.channels_last)
+    step = TrainStep(
+        torch.compile(model) if args.compile else model,
+        criterion,
+        optimizer,
+        amp.make_scaler(),
+        ema,
+        amp,
+        device,
+        channels_last=combo.channels_last,
+    )
     clock = PhaseClock(device.type)
 
     def synchronize() -> None:
@@ -236,21 +279,32 @@ def measure(args, combo: Combination, device, hyp: dict, scratch: Path,
     synchronize()
     wall = time.perf_counter() - start
     totals = clock.totals()
-    return summarise(combo, iters=args.iters, wall_s=wall, data_wait_s=data_wait,
-                     forward_backward_s=totals.forward_backward_s, optimizer_s=totals.optimizer_s,
-                     peak_memory_mb=_peak_memory_mb(device.type), flops_per_sample=flops_for(nc), peak=peak)
+    return summarise(
+        combo,
+        iters=args.iters,
+        wall_s=wall,
+        data_wait_s=data_wait,
+        forward_backward_s=totals.forward_backward_s,
+        optimizer_s=totals.optimizer_s,
+        peak_memory_mb=_peak_memory_mb(device.type),
+        flops_per_sample=flops_for(nc),
+        peak=peak,
+    )
 
 
 def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combination, str]] = ()) -> str:
-    header = (f"{'batch':>5} {'amp':>4} {'ch_last':>7} {'img/s/GPU':>10} {'step ms':>9} {'data ms':>8} "
-              f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6}")
+    header = (
+        f"{'batch':>5} {'amp':>4} {'ch_last':>7} {'img/s/GPU':>10} {'step ms':>9} {'data ms':>8} "
+        f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6}"
+    )
     rows = [header]
     for r in results:
         mfu = "-" if r.mfu is None else f"{r.mfu:.1%}"
         rows.append(
             f"{r.batch:>5} {r.amp:>4} {('on' if r.channels_last else 'off'):>7} {r.samples_per_s_per_gpu:>10.2f} "
             f"{r.step_ms:>9.1f} {r.data_wait_ms:>8.2f} {r.forward_backward_ms:>8.1f} {r.optimizer_ms:>7.1f} "
-            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6}")
+            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6}"
+        )
     for c, error in failures:
         rows.append(f"{c.batch:>5} {c.amp:>4} {('on' if c.channels_last else 'off'):>7}  failed: {error}")
     return "\n".join(rows)
@@ -286,12 +340,21 @@ def run(args: argparse.Namespace) -> int:
     def report() -> dict:
         train_flops, forward_flops = next(iter(flops_cache.values()), (0.0, 0.0))  # one dataset: one nc
         return {
-            "benchmark": "train", "cfg": args.cfg, "imgsz": args.imgsz, "device": device_name,
-            "torch": torch.__version__, "loader": args.loader, "data": args.data, "iters": args.iters,
-            "warmup": args.warmup, "compile": args.compile,
-            "train_flops_per_sample": train_flops, "forward_flops_per_sample": forward_flops,
+            "benchmark": "train",
+            "cfg": args.cfg,
+            "imgsz": args.imgsz,
+            "device": device_name,
+            "torch": torch.__version__,
+            "loader": args.loader,
+            "data": args.data,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "compile": args.compile,
+            "train_flops_per_sample": train_flops,
+            "forward_flops_per_sample": forward_flops,
             "peak_tflops": peak,
-            "peak_memory_source": "torch.cuda.max_memory_allocated" if device.type == "cuda"
+            "peak_memory_source": "torch.cuda.max_memory_allocated"
+            if device.type == "cuda"
             else "process max RSS (cumulative over combinations)",
             "results": [asdict(r) for r in results],
             "failures": [{**asdict(c), "error": error} for c, error in failures],
@@ -316,10 +379,12 @@ def run(args: argparse.Namespace) -> int:
             log.info("%s done", combo)
             write(final=False)
     summary = report()
-    print(f"{args.cfg} {args.imgsz}px on {device_name}, loader {args.loader} ({args.data}), "
-          f"{args.iters} iters after {args.warmup} warmup{', compiled' if args.compile else ''}; "
-          f"{summary['train_flops_per_sample'] / 1e9:.1f} GFLOPs per training sample "
-          f"({summary['forward_flops_per_sample'] / 1e9:.1f} forward), peak {peak if peak is not None else '-'} TFLOP/s")
+    print(
+        f"{args.cfg} {args.imgsz}px on {device_name}, loader {args.loader} ({args.data}), "
+        f"{args.iters} iters after {args.warmup} warmup{', compiled' if args.compile else ''}; "
+        f"{summary['train_flops_per_sample'] / 1e9:.1f} GFLOPs per training sample "
+        f"({summary['forward_flops_per_sample'] / 1e9:.1f} forward), peak {peak if peak is not None else '-'} TFLOP/s"
+    )
     print(format_table(results, failures))
     write(final=True)
     return 0

@@ -117,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     images = find_images(args.source)
     source_dir = args.source if args.source.is_dir() else args.source.parent
     if args.out.resolve() == source_dir.resolve():
-        raise ConfigError(f"--out {args.out}: is the source folder; choose another so the inputs stay untouched")
+        raise ConfigError(
+            f"--out {args.out}: is the source folder; choose another so the inputs stay untouched"
+        )
     device = _device(args.device)
     model = load_model(args.weights, device).fuse()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,9 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", required=True, help="weights file (ours or the release's .pt)")
     parser.add_argument("--data", required=True, help="data.yaml")
-    parser.add_argument("--split", default="val", choices=("val", "test", "train"), help="which split to score")
+    parser.add_argument(
+        "--split", default="val", choices=("val", "test", "train"), help="which split to score"
+    )
     parser.add_argument("--imgsz", type=int, default=640, help="inference size in pixels")
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=32)
     parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
@@ -24,11 +26,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16", "auto"))
-    parser.add_argument("--save-json", "--save_json", dest="save_json", action="store_true",
-                        help="write COCO-format JSON and score it with pycocotools")
+    parser.add_argument(
+        "--save-json",
+        "--save_json",
+        dest="save_json",
+        action="store_true",
+        help="write COCO-format JSON and score it with pycocotools",
+    )
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/val")
-    parser.add_argument("--cache-dir", "--cache_dir", dest="cache_dir", default=None,
-                        help="label cache folder for read-only datasets")
+    parser.add_argument(
+        "--cache-dir",
+        "--cache_dir",
+        dest="cache_dir",
+        default=None,
+        help="label cache folder for read-only datasets",
+    )
 
 
 def _coco_ground_truth(index) -> dict:
@@ -37,8 +49,16 @@ def _coco_ground_truth(index) -> dict:
         images.append({"id": image_id, "file_name": str(path), "height": int(h), "width": int(w)})
         for cls, xc, yc, bw, bh in labels.tolist():
             box = [(xc - bw / 2) * w, (yc - bh / 2) * h, bw * w, bh * h]
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": int(cls),
-                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": int(cls),
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
     return {"images": images, "annotations": annotations}
 
 
@@ -87,25 +107,62 @@ def run(args: argparse.Namespace) -> int:
     sources = {"val": data.val, "test": data.test, "train": data.train}[args.split]
     if not sources:
         raise ConfigError(f"--split {args.split}: {args.data} has no '{args.split}' entry")
-    index = build_label_index(sources, nc=data.nc, root=data.root,
-                              cache_dir=Path(args.cache_dir) if args.cache_dir else None, workers=args.workers or 1)
+    index = build_label_index(
+        sources,
+        nc=data.nc,
+        root=data.root,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+        workers=args.workers or 1,
+    )
     model = load_model(args.weights, device=device).eval()
     if model.nc != data.nc:
         raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
-    dataset = YoloDataset(index, args.imgsz, augment=False, hyp=None, rect=True, batch_size=args.batch_size,
-                          stride=int(model.stride.max()), pad=0.5)
-    loader = build_dataloader(dataset, batch_size=args.batch_size, rank=0, world_size=1, workers=args.workers,
-                              shuffle=False, seed=0, drop_last=False)
+    dataset = YoloDataset(
+        index,
+        args.imgsz,
+        augment=False,
+        hyp=None,
+        rect=True,
+        batch_size=args.batch_size,
+        stride=int(model.stride.max()),
+        pad=0.5,
+    )
+    loader = build_dataloader(
+        dataset,
+        batch_size=args.batch_size,
+        rank=0,
+        world_size=1,
+        workers=args.workers,
+        shuffle=False,
+        seed=0,
+        drop_last=False,
+    )
     image_ids = {str(p): i for i, p in enumerate(index.images)}
     detections_json: list[dict] = []
 
     def collect(path: str, dets) -> None:
-        for (x1, y1, x2, y2), score, cls in zip(dets[:, :4].tolist(), dets[:, 4].tolist(), dets[:, 5].tolist()):
-            detections_json.append({"image_id": image_ids[path], "category_id": int(cls),
-                                    "bbox": [x1, y1, x2 - x1, y2 - y1], "score": score})
+        for (x1, y1, x2, y2), score, cls in zip(
+            dets[:, :4].tolist(), dets[:, 4].tolist(), dets[:, 5].tolist()
+        ):
+            detections_json.append(
+                {
+                    "image_id": image_ids[path],
+                    "category_id": int(cls),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "score": score,
+                }
+            )
 
-    metrics = evaluate(model, loader, device=device, amp=amp, conf_thres=args.conf, iou_thres=args.iou,
-                       max_det=args.max_det, on_image=collect if args.save_json else None)
+    metrics = evaluate(
+        model,
+        loader,
+        device=device,
+        amp=amp,
+        conf_thres=args.conf,
+        iou_thres=args.iou,
+        max_det=args.max_det,
+        on_image=collect if args.save_json else None,
+    )
     emit(metric_line(images=metrics.num_images, targets=metrics.num_targets, **metrics.to_dict()), main=True)
     if args.save_json:
         out = Path(args.output_dir)

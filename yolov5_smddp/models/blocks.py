@@ -34,8 +34,14 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     """A Conv2d with bias computing bn(conv(x)) in eval mode: w' = w * g / sqrt(var + eps),
     b' = beta + (b - mean) * g / sqrt(var + eps)."""
     fused = nn.Conv2d(
-        conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-        conv.dilation, conv.groups, bias=True,
+        conv.in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups,
+        bias=True,
     ).to(device=conv.weight.device, dtype=conv.weight.dtype)
     with torch.no_grad():
         scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # [c2]

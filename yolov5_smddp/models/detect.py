@@ -26,7 +26,9 @@ class Detect(nn.Module):
     ) -> None:
         super().__init__()
         if len(anchors_px) != len(ch) or len(strides) != len(ch):
-            raise ValueError(f"Detect: {len(anchors_px)} anchor levels, {len(ch)} inputs, {len(strides)} strides")
+            raise ValueError(
+                f"Detect: {len(anchors_px)} anchor levels, {len(ch)} inputs, {len(strides)} strides"
+            )
         self.nc = nc
         self.no = nc + 5
         self.nl = len(ch)

@@ -66,16 +66,22 @@ def model_report(model: DetectionModel, imgsz: int | tuple[int, int] = 640) -> M
         raise ConfigError(f"imgsz {imgsz}: must be positive multiples of the model's stride {stride}")
     rows = [
         LayerRow(
-            index=spec.index, source=_source_text(spec), repeats=spec.repeats,
-            params=sum(p.numel() for p in layer.parameters()), block=spec.block,
+            index=spec.index,
+            source=_source_text(spec),
+            repeats=spec.repeats,
+            params=sum(p.numel() for p in layer.parameters()),
+            block=spec.block,
             args=str(list(spec.args)),
         )
         for spec, layer in zip(model.layers, model.model)
     ]
     return ModelReport(
-        name=str(model.cfg.get("name", "model")), layers=rows,
+        name=str(model.cfg.get("name", "model")),
+        layers=rows,
         parameters=sum(p.numel() for p in model.parameters()),
-        gflops=count_gflops(model, hw), imgsz=hw, fused=False,
+        gflops=count_gflops(model, hw),
+        imgsz=hw,
+        fused=False,
     )
 
 
@@ -83,7 +89,9 @@ def format_report(report: ModelReport) -> str:
     """The report as a text table plus a summary line."""
     lines = [f"{'idx':>4}  {'from':<12} {'n':>3} {'params':>11}  {'module':<9} arguments"]
     for row in report.layers:
-        lines.append(f"{row.index:>4}  {row.source:<12} {row.repeats:>3} {row.params:>11,}  {row.block:<9} {row.args}")
+        lines.append(
+            f"{row.index:>4}  {row.source:<12} {row.repeats:>3} {row.params:>11,}  {row.block:<9} {row.args}"
+        )
     h, w = report.imgsz
     lines.append(
         f"{report.name}: {len(report.layers)} layers, {report.parameters:,} parameters, "

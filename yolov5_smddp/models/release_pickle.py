@@ -57,29 +57,56 @@ def _rebuild_parameter(data: torch.Tensor, *_: Any) -> torch.Tensor:
 
 
 _STORAGE_DTYPES = {
-    "HalfStorage": torch.float16, "FloatStorage": torch.float32, "DoubleStorage": torch.float64,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "HalfStorage": torch.float16,
+    "FloatStorage": torch.float32,
+    "DoubleStorage": torch.float64,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool,
 }
 _RELEASE_CLASSES = (
-    "models.yolo.DetectionModel", "models.yolo.Model", "models.yolo.Detect",
-    "models.common.Conv", "models.common.C3", "models.common.Bottleneck", "models.common.SPPF",
+    "models.yolo.DetectionModel",
+    "models.yolo.Model",
+    "models.yolo.Detect",
+    "models.common.Conv",
+    "models.common.C3",
+    "models.common.Bottleneck",
+    "models.common.SPPF",
     "models.common.Concat",
     # older releases' blocks: readable, so that transfer_state can take the tensors that still fit
-    "models.common.Focus", "models.common.SPP", "models.common.BottleneckCSP",
+    "models.common.Focus",
+    "models.common.SPP",
+    "models.common.BottleneckCSP",
 )
 _TORCH_NN_CLASSES = (
-    "conv.Conv2d", "batchnorm.BatchNorm2d", "activation.SiLU", "activation.ReLU", "activation.LeakyReLU",
-    "container.Sequential", "container.ModuleList", "pooling.MaxPool2d", "upsampling.Upsample",
+    "conv.Conv2d",
+    "batchnorm.BatchNorm2d",
+    "activation.SiLU",
+    "activation.ReLU",
+    "activation.LeakyReLU",
+    "container.Sequential",
+    "container.ModuleList",
+    "pooling.MaxPool2d",
+    "upsampling.Upsample",
     "linear.Identity",
 )
 # Things a checkpoint's metadata may contain (best_fitness as a numpy array, paths in `opt`): kept as
 # inert records, never built.
 _INERT_METADATA = (
-    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.dtype",
-    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib._local.PosixPath", "pathlib._local.WindowsPath",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "numpy.dtype",
+    "pathlib.PosixPath",
+    "pathlib.WindowsPath",
+    "pathlib._local.PosixPath",
+    "pathlib._local.WindowsPath",
     "argparse.Namespace",
 )
 
@@ -89,6 +116,8 @@ def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
         raise WeightsError(f"refuses to load: _codecs.encode with {encoding!r}")
     return text.encode("latin1")
+
+
 _ALLOWED_GLOBALS: dict[str, Any] = {
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
     "torch._utils._rebuild_parameter": _rebuild_parameter,
@@ -98,7 +127,10 @@ _ALLOWED_GLOBALS: dict[str, Any] = {
     "_codecs.encode": _latin1_bytes,
     "torch.Size": tuple,
     **{f"torch.{name}": _StorageType(dtype) for name, dtype in _STORAGE_DTYPES.items()},
-    **{f"torch.{name}": getattr(torch, name) for name in ("float16", "float32", "float64", "bfloat16", "int64")},
+    **{
+        f"torch.{name}": getattr(torch, name)
+        for name in ("float16", "float32", "float64", "bfloat16", "int64")
+    },
     **{name: _record_class(name) for name in _RELEASE_CLASSES + _INERT_METADATA},
     **{f"torch.nn.modules.{name}": _record_class(f"torch.nn.modules.{name}") for name in _TORCH_NN_CLASSES},
 }
@@ -125,7 +157,12 @@ class _ReleaseUnpickler(pickle.Unpickler):
             ) from None
 
     def persistent_load(self, pid: Any) -> torch.Tensor:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], _StorageType)
+        ):
             raise WeightsError(f"refuses to load: unknown persistent id {str(pid)[:80]}")
         _, storage_type, key, _location, numel = pid
         if key not in self.storages:
@@ -167,11 +204,16 @@ def read_release_checkpoint(path: Path) -> ReleaseModel:
         except WeightsError as exc:
             raise WeightsError(f"{path}: {exc}") from None
         except Exception as exc:
-            raise WeightsError(f"{path}: unreadable checkpoint pickle ({type(exc).__name__}: {exc})") from None
+            raise WeightsError(
+                f"{path}: unreadable checkpoint pickle ({type(exc).__name__}: {exc})"
+            ) from None
     model = None
     if isinstance(ckpt, dict):
         model = ckpt.get("ema") or ckpt.get("model")
-    if not isinstance(model, _PickledObject) or model.qualname not in ("models.yolo.DetectionModel", "models.yolo.Model"):
+    if not isinstance(model, _PickledObject) or model.qualname not in (
+        "models.yolo.DetectionModel",
+        "models.yolo.Model",
+    ):
         raise WeightsError(f"{path}: no YOLOv5 DetectionModel under the checkpoint's 'ema' or 'model' key")
     attrs = model.state if isinstance(model.state, dict) else {}
     names = attrs.get("names")

@@ -73,12 +73,20 @@ def save_weights(path: str | Path, model: nn.Module, *, meta: dict, half: bool =
     path = Path(path)
     precision = "float16" if half else "float32"
     state = {
-        k: (v.detach().to("cpu", torch.float16 if half else torch.float32) if v.is_floating_point() else v.cpu())
+        k: (
+            v.detach().to("cpu", torch.float16 if half else torch.float32)
+            if v.is_floating_point()
+            else v.cpu()
+        )
         for k, v in model.state_dict().items()
     }
     info = {
-        **meta, "cfg": model.cfg, "nc": model.nc, "names": list(model.names),
-        "stride": model.stride.tolist(), "precision": precision,
+        **meta,
+        "cfg": model.cfg,
+        "nc": model.nc,
+        "names": list(model.names),
+        "stride": model.stride.tolist(),
+        "precision": precision,
     }
     try:
         info = json.loads(json.dumps(info))
@@ -105,13 +113,21 @@ def load_weights(path: str | Path) -> LoadedWeights:
         raise WeightsError(f"{path}: cannot be read as a PyTorch checkpoint ({exc})") from exc
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         meta = obj["meta"]
-        return LoadedWeights(obj["state_dict"], meta.get("cfg"), meta.get("nc"), meta.get("names"), "yolov5-smddp", meta)
-    if isinstance(obj, dict) and obj and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items()):
+        return LoadedWeights(
+            obj["state_dict"], meta.get("cfg"), meta.get("nc"), meta.get("names"), "yolov5-smddp", meta
+        )
+    if (
+        isinstance(obj, dict)
+        and obj
+        and all(isinstance(k, str) and torch.is_tensor(v) for k, v in obj.items())
+    ):
         return LoadedWeights(dict(obj), None, None, None, "state_dict")
     raise WeightsError(f"{path}: a torch file, but neither our weights format nor a state dict")
 
 
-def transfer_state(model: nn.Module, state_dict: dict[str, torch.Tensor], *, exclude: Collection[str] = ()) -> TransferReport:
+def transfer_state(
+    model: nn.Module, state_dict: dict[str, torch.Tensor], *, exclude: Collection[str] = ()
+) -> TransferReport:
     """Copy every tensor of `state_dict` whose key and shape match `model`'s (cast to the model's dtype
     and device); keys containing any `exclude` string are left alone. For transfer learning, e.g. a COCO
     checkpoint into an nc=3 model (the three Detect convs are skipped)."""
@@ -152,7 +168,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Detectio
             f"{len(wrong)} tensors missing or of another shape (first: {wrong[:3]}), {len(extra)} unexpected "
             f"(first: {extra[:3]})"
         )
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.state_dict.items()})
+    model.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in weights.state_dict.items()}
+    )
     if weights.names is not None:
         model.names = list(weights.names)
     return model.to(device).eval()
@@ -162,7 +180,9 @@ def _load_release(path: Path) -> LoadedWeights:
     release = read_release_checkpoint(path)
     nc = release.yaml.get("nc")
     cfg = _config_for_release(release)
-    return LoadedWeights(release.state_dict, cfg, nc if isinstance(nc, int) else None, release.names, "release")
+    return LoadedWeights(
+        release.state_dict, cfg, nc if isinstance(nc, int) else None, release.names, "release"
+    )
 
 
 def _config_for_release(release: ReleaseModel) -> dict | None:

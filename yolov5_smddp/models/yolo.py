@@ -174,8 +174,12 @@ def _read_config_file(cfg: str | Path) -> tuple[Any, str]:
     else:
         stem = path.name.removesuffix(".yaml").removesuffix(".yml")
         if stem not in PACKAGE_CONFIGS or path.parent != Path("."):
-            raise ConfigError(f"model config {str(cfg)!r}: no such file and not one of {list(PACKAGE_CONFIGS)}")
-        text = resources.files("yolov5_smddp.models").joinpath("cfg", f"{stem}.yaml").read_text(encoding="utf-8")
+            raise ConfigError(
+                f"model config {str(cfg)!r}: no such file and not one of {list(PACKAGE_CONFIGS)}"
+            )
+        text = (
+            resources.files("yolov5_smddp.models").joinpath("cfg", f"{stem}.yaml").read_text(encoding="utf-8")
+        )
         origin = f"{stem}.yaml"
     try:
         return yaml.safe_load(text), origin
@@ -186,7 +190,10 @@ def _read_config_file(cfg: str | Path) -> tuple[Any, str]:
 def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...]:
     rows = anchors if isinstance(anchors, list | tuple) else None
     ok = bool(rows) and all(
-        isinstance(r, list | tuple) and len(r) >= 2 and len(r) % 2 == 0 and len(r) == len(rows[0])
+        isinstance(r, list | tuple)
+        and len(r) >= 2
+        and len(r) % 2 == 0
+        and len(r) == len(rows[0])
         and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in r)
         for r in rows
     )
@@ -221,7 +228,9 @@ def _build_layers(config: dict) -> list[tuple[LayerSpec, nn.Module]]:
     for index, entry in enumerate(layers):
         where = f"layer {index} in {origin}"
         if not isinstance(entry, dict) or set(entry) - {"from", "repeats", "block", "args"}:
-            raise ConfigError(f"{where}: expected a mapping with keys from, repeats, block, args; got {entry!r}")
+            raise ConfigError(
+                f"{where}: expected a mapping with keys from, repeats, block, args; got {entry!r}"
+            )
         block = entry.get("block")
         if block not in BLOCK_BUILDERS:
             raise ConfigError(f"{where}: unknown block {block!r}; known blocks: {sorted(BLOCK_BUILDERS)}")
@@ -237,14 +246,24 @@ def _build_layers(config: dict) -> list[tuple[LayerSpec, nn.Module]]:
         strides = tuple(1.0 if s == INPUT else built[s][0].stride for s in sources)
         result = BLOCK_BUILDERS[block](
             _BlockInput(
-                where=where, channels=channels, strides=strides, args=tuple(args),
+                where=where,
+                channels=channels,
+                strides=strides,
+                args=tuple(args),
                 repeats=max(round(repeats * gd), 1) if repeats > 1 else repeats,
-                width_multiple=float(gw), nc=nc, anchors=anchors,
+                width_multiple=float(gw),
+                nc=nc,
+                anchors=anchors,
             )
         )
         spec = LayerSpec(
-            index=index, sources=sources, repeats=result.repeats, block=block,
-            args=result.args, out_channels=result.out_channels, stride=result.stride,
+            index=index,
+            sources=sources,
+            repeats=result.repeats,
+            block=block,
+            args=result.args,
+            out_channels=result.out_channels,
+            stride=result.stride,
         )
         built.append((spec, result.module))
     if built[-1][0].block != "Detect" or any(spec.block == "Detect" for spec, _ in built[:-1]):
