@@ -535,7 +535,9 @@ def run_job(
     """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
     from yolov5_smddp import launch
     from yolov5_smddp.config import parse_train_args
+    from yolov5_smddp.hyp_options import fold_hyp_options
 
+    train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
     plan = launch.decide_launch(
         environ,
