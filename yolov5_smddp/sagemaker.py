@@ -578,6 +578,12 @@ def run_job(
 
         code = int(train_main(worker_args) or 0)
     else:
+        from yolov5_smddp.sagemaker_efa import network_environment
+
+        # the toolkit sets EFA/NCCL variables only for the ranks it starts; our workers inherit these
+        network = network_environment(env.instance_type, env.network_interface, os.environ)
+        os.environ.update(network.added)
+        log.info("%s", network.log_line(env.instance_type))
         code = launch.run_elastic(
             plan, worker_args, run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp"
         )
