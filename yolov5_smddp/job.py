@@ -9,10 +9,15 @@ Distributions (the `distribution` argument):
               mpirun on the first host, one rank per GPU. Only on the instance types SMDDP supports.
 - "torchrun": `{"torch_distributed": {"enabled": True}}`; torchrun on every host, NCCL.
 - "none":     one process per host; our entrypoint starts one worker per GPU itself (torch elastic, NCCL).
+
+Job-spec checks users hit run before any SDK object exists (`ConfigError` naming the value): checkpoint URIs
+that are not a folder prefix, checkpoints written into the model folder or outside the synced folder, and
+SMDDP (distribution or `backend` hyperparameter) on instance types without it.
 """
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +29,8 @@ DEFAULT_REGION = "us-west-2"
 DLC_ACCOUNT = "763104351884"
 DEFAULT_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+MODEL_DIR = "/opt/ml/model"
+CHECKPOINT_URI_SCHEMES = ("s3://", "https://")
 INPUT_MODES = ("File", "FastFile", "Pipe")
 
 
@@ -97,8 +104,7 @@ def hyperparameter_strings(hyperparameters: Mapping[str, object]) -> dict[str, s
     """
     out: dict[str, str] = {}
     for key, value in hyperparameters.items():
-        if not key or not all(c.isalnum() or c in "-_" for c in key):
-            raise ConfigError(f"hyperparameter name {key!r}: use letters, digits, '-' and '_' only")
+        _check_name(key)
         if isinstance(value, bool):
             out[key] = "True" if value else "False"
         elif isinstance(value, int | float | str):
@@ -106,6 +112,11 @@ def hyperparameter_strings(hyperparameters: Mapping[str, object]) -> dict[str, s
         else:
             raise ConfigError(f"hyperparameter {key!r}: value {value!r} is not a string, number or boolean")
     return out
+
+
+def _check_name(key: str) -> None:
+    if not key or not all(c.isalnum() or c in "-_" for c in key):
+        raise ConfigError(f"hyperparameter name {key!r}: use letters, digits, '-' and '_' only")
 
 
 def data_channels(spec: JobSpec) -> dict[str, str]:
@@ -134,6 +145,76 @@ def _check(spec: JobSpec) -> None:
     if spec.use_spot_instances and not spec.checkpoint_s3_uri:
         raise ConfigError(
             "use_spot_instances=True needs checkpoint_s3_uri, or an interrupted job restarts from zero"
+        )
+    if spec.checkpoint_s3_uri:
+        _check_checkpoint_uri(spec.checkpoint_s3_uri)
+    _check_checkpoint_dir(spec)
+    _check_backend(spec)
+
+
+def _check_checkpoint_uri(uri: str) -> None:
+    scheme = next((s for s in CHECKPOINT_URI_SCHEMES if uri.startswith(s)), None)
+    if scheme is None:
+        raise ConfigError(f"checkpoint_s3_uri {uri!r} must start with s3:// (e.g. 's3://bucket/ckpt/run1/')")
+    bucket, _, key = uri[len(scheme) :].partition("/")
+    if not bucket or not key.strip("/"):
+        raise ConfigError(
+            f"checkpoint_s3_uri {uri!r} is a whole bucket: every object in it would be restored into "
+            "/opt/ml/checkpoints at the start of the job; give a folder prefix such as 's3://bucket/ckpt/run1/'"
+        )
+    if not uri.endswith("/"):
+        raise ConfigError(
+            f"checkpoint_s3_uri {uri!r} must end with '/': SageMaker syncs every key that starts with it, so "
+            f"the checkpoints under sibling prefixes such as {uri + '-old/'!r} would be restored and resumed "
+            f"too; use {uri + '/'!r}"
+        )
+
+
+def _hyperparameter(spec: JobSpec, name: str) -> object | None:
+    """A hyperparameter under either spelling (`checkpoint-dir` or `checkpoint_dir`), else None."""
+    for key in (name, name.replace("-", "_")):
+        if key in spec.hyperparameters:
+            return spec.hyperparameters[key]
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _check_checkpoint_dir(spec: JobSpec) -> None:
+    """Where the trainer will write checkpoints: not into the model folder, and inside the synced folder."""
+    given = _hyperparameter(spec, "checkpoint-dir")
+    output = _hyperparameter(spec, "output")  # the entrypoint's --output moves checkpoints/ under it
+    if given is not None:
+        local, source = str(given), f"hyperparameter checkpoint-dir={given!r}"
+    elif output is not None:
+        local, source = posixpath.join(str(output), "checkpoints"), f"hyperparameter output={output!r}"
+    else:
+        return
+    local = posixpath.normpath(local)
+    if _within(local, MODEL_DIR):
+        raise ConfigError(
+            f"{source} puts the training checkpoints in {local}, inside the model folder {MODEL_DIR}: every "
+            "last/best checkpoint (with optimizer state) would be packed into model.tar.gz; leave it unset "
+            f"(checkpoints go to {CHECKPOINT_LOCAL_PATH})"
+        )
+    if spec.checkpoint_s3_uri and not _within(local, CHECKPOINT_LOCAL_PATH):
+        raise ConfigError(
+            f"{source} puts the training checkpoints in {local}, but checkpoint_s3_uri syncs "
+            f"{CHECKPOINT_LOCAL_PATH}: nothing would be uploaded and a restarted job would start from zero; "
+            "leave it unset"
+        )
+
+
+def _check_backend(spec: JobSpec) -> None:
+    backend = _hyperparameter(spec, "backend")
+    if backend is None or str(backend).strip().strip('"').lower() != "smddp":
+        return
+    if spec.instance_type not in SMDDP_INSTANCE_TYPES:
+        raise ConfigError(
+            f"hyperparameter backend=smddp: instance type {spec.instance_type!r} has no SMDDP support (SMDDP "
+            f"runs on {', '.join(SMDDP_INSTANCE_TYPES)}); use backend 'nccl' or leave it unset ('auto')"
         )
 
 

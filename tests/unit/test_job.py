@@ -24,7 +24,7 @@ def test_estimator_kwargs_smddp_spot_exact():
         role=ROLE,
         instance_count=2,
         hyperparameters={"epochs": 3, "batch-size": 256, "rect": False},
-        checkpoint_s3_uri="s3://b/ckpt",
+        checkpoint_s3_uri="s3://b/ckpt/",
         use_spot_instances=True,
         max_run_s=3600,
         metric_definitions=METRICS,
@@ -45,7 +45,7 @@ def test_estimator_kwargs_smddp_spot_exact():
         "use_spot_instances": True,
         "distribution": {"smdistributed": {"dataparallel": {"enabled": True}}},
         "max_wait": 7200,
-        "checkpoint_s3_uri": "s3://b/ckpt",
+        "checkpoint_s3_uri": "s3://b/ckpt/",
         "checkpoint_local_path": "/opt/ml/checkpoints",
     }
 
@@ -98,7 +98,7 @@ def test_spot_checks():
                 image_uri=IMAGE,
                 role=ROLE,
                 use_spot_instances=True,
-                checkpoint_s3_uri="s3://b/c",
+                checkpoint_s3_uri="s3://b/c/",
                 max_run_s=100,
                 max_wait_s=50,
                 metric_definitions=METRICS,
@@ -122,7 +122,7 @@ def test_model_trainer_kwargs_torchrun_exact():
         instance_count=4,
         distribution="torchrun",
         hyperparameters={"epochs": 1},
-        checkpoint_s3_uri="s3://b/c",
+        checkpoint_s3_uri="s3://b/c/",
         source_dir="/tmp/code",
     )
     assert model_trainer_kwargs(spec) == {
@@ -140,7 +140,7 @@ def test_model_trainer_kwargs_torchrun_exact():
         "stopping_condition": {"max_runtime_in_seconds": 86400},
         "source_code": {"source_dir": "/tmp/code", "entry_script": "entrypoint.py"},
         "distributed": {},
-        "checkpoint_config": {"s3_uri": "s3://b/c", "local_path": "/opt/ml/checkpoints"},
+        "checkpoint_config": {"s3_uri": "s3://b/c/", "local_path": "/opt/ml/checkpoints"},
     }
 
 
@@ -179,3 +179,103 @@ def test_example_script_dry_run_prints_the_sdk_arguments(capsys):
     from yolov5_smddp.telemetry import METRIC_DEFINITIONS
 
     assert printed["PyTorch"]["metric_definitions"] == METRIC_DEFINITIONS
+
+
+# ---- job-spec checks users hit ------------------------------------------------------------------------
+
+
+def _spec(**kw) -> JobSpec:
+    return JobSpec(image_uri=IMAGE, role=ROLE, metric_definitions=METRICS, **kw)
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        (
+            "s3://b/ckpt/run1",
+            "checkpoint_s3_uri 's3://b/ckpt/run1' must end with '/': SageMaker syncs every key that starts with "
+            "it, so the checkpoints under sibling prefixes such as 's3://b/ckpt/run1-old/' would be restored and "
+            "resumed too; use 's3://b/ckpt/run1/'",
+        ),
+        ("s3://b/", "checkpoint_s3_uri 's3://b/' is a whole bucket"),
+        ("s3://b", "checkpoint_s3_uri 's3://b' is a whole bucket"),
+        ("/opt/ml/checkpoints/", "checkpoint_s3_uri '/opt/ml/checkpoints/' must start with s3://"),
+    ],
+)
+def test_checkpoint_uri_must_be_a_folder_prefix(uri, message):
+    for build in (pytorch_estimator_kwargs, model_trainer_kwargs):
+        with pytest.raises(ConfigError) as caught:
+            build(_spec(distribution="none", checkpoint_s3_uri=uri))
+        assert str(caught.value).startswith(message)
+    assert pytorch_estimator_kwargs(_spec(checkpoint_s3_uri="s3://b/ckpt/run1/"))["checkpoint_s3_uri"] == (
+        "s3://b/ckpt/run1/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("hyperparameters", "message"),
+    [
+        (
+            {"checkpoint-dir": "/opt/ml/model/ckpt"},
+            "hyperparameter checkpoint-dir='/opt/ml/model/ckpt' puts the training checkpoints in "
+            "/opt/ml/model/ckpt, inside the model folder /opt/ml/model: every last/best checkpoint (with "
+            "optimizer state) would be packed into model.tar.gz; leave it unset (checkpoints go to "
+            "/opt/ml/checkpoints)",
+        ),
+        ({"checkpoint_dir": "/opt/ml/model/"}, "hyperparameter checkpoint-dir='/opt/ml/model/' puts"),
+        (
+            {"output": "/opt/ml/model"},
+            "hyperparameter output='/opt/ml/model' puts the training checkpoints in ",
+        ),
+    ],
+)
+def test_checkpoints_inside_the_model_folder_are_refused(hyperparameters, message):
+    with pytest.raises(ConfigError) as caught:
+        pytorch_estimator_kwargs(_spec(hyperparameters=hyperparameters))
+    assert str(caught.value).startswith(message)
+
+
+def test_checkpoints_outside_the_synced_folder_are_refused_with_a_checkpoint_uri():
+    synced = _spec(hyperparameters={"checkpoint-dir": "/tmp/ckpt"}, checkpoint_s3_uri="s3://b/ckpt/")
+    with pytest.raises(ConfigError) as caught:
+        pytorch_estimator_kwargs(synced)
+    assert str(caught.value) == (
+        "hyperparameter checkpoint-dir='/tmp/ckpt' puts the training checkpoints in /tmp/ckpt, but "
+        "checkpoint_s3_uri syncs /opt/ml/checkpoints: nothing would be uploaded and a restarted job would start "
+        "from zero; leave it unset"
+    )
+    # a subfolder of the synced folder, or any folder without a checkpoint URI, is fine; so is the model
+    # folder's sibling that merely shares its name prefix
+    for hps, uri in (
+        ({"checkpoint-dir": "/opt/ml/checkpoints/run1"}, "s3://b/ckpt/"),
+        ({"checkpoint-dir": "/tmp/ckpt"}, None),
+        ({"checkpoint-dir": "/opt/ml/model-ckpt"}, None),
+    ):
+        pytorch_estimator_kwargs(_spec(hyperparameters=hps, checkpoint_s3_uri=uri))
+
+
+def test_backend_smddp_needs_an_smddp_instance_type():
+    spec = _spec(instance_type="ml.g5.12xlarge", distribution="none", hyperparameters={"backend": "smddp"})
+    for build in (pytorch_estimator_kwargs, model_trainer_kwargs):
+        with pytest.raises(ConfigError) as caught:
+            build(spec)
+        assert str(caught.value) == (
+            "hyperparameter backend=smddp: instance type 'ml.g5.12xlarge' has no SMDDP support (SMDDP runs on "
+            "ml.p4d.24xlarge, ml.p4de.24xlarge, ml.p3dn.24xlarge); use backend 'nccl' or leave it unset ('auto')"
+        )
+    with pytest.raises(ConfigError, match="'ml.p5.48xlarge' has no SMDDP support"):
+        pytorch_estimator_kwargs(
+            _spec(
+                instance_type="ml.p5.48xlarge", distribution="torchrun", hyperparameters={"backend": "SMDDP"}
+            )
+        )
+    ok = pytorch_estimator_kwargs(_spec(distribution="none", hyperparameters={"backend": "smddp"}))  # p4d
+    assert ok["hyperparameters"] == {"backend": "smddp"}
+    pytorch_estimator_kwargs(
+        _spec(instance_type="ml.g5.12xlarge", distribution="none", hyperparameters={"backend": "nccl"})
+    )
+    # the SMDDP distribution itself on such a type: refused by distribution_config
+    with pytest.raises(
+        ConfigError, match="distribution 'smddp' does not support instance type 'ml.g5.12xlarge'"
+    ):
+        pytorch_estimator_kwargs(_spec(instance_type="ml.g5.12xlarge"))
