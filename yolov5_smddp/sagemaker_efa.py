@@ -4,7 +4,9 @@ The toolkit exports these itself only for the ranks it starts (its torchrun and 
 `distribution` our elastic launcher (`launch.run_elastic`, one process per host) starts the workers, so it
 sets them in its own environment first and the workers inherit them. `network_environment()` is pure: a
 function of the instance type, the SageMaker network interface and the current environment, and it never
-replaces a variable that is already set (the user's value wins).
+replaces a variable that is already set (by the user, the image or the toolkit: the DLC's
+sagemaker-pytorch-training `training.py` `_set_nccl_environment()` already sets NCCL_SOCKET_IFNAME,
+NCCL_IB_DISABLE=1 and NCCL_DEBUG=WARN for every job, so NCCL_SOCKET_IFNAME is usually kept as it is).
 
 Facts (not code) from:
 - aws/sagemaker-training-toolkit `src/sagemaker_training/__init__.py` (SM_EFA_NCCL_INSTANCES,
@@ -57,19 +59,19 @@ EFA_RDMA_INSTANCE_TYPES = frozenset(
 
 @dataclass(frozen=True)
 class NetworkEnvironment:
-    """What the launching process adds to its environment, and what it left as the user set it."""
+    """What the launching process adds to its environment, and what it found already set."""
 
     added: dict[str, str]
     """Variables to set (sorted by name)."""
     kept: dict[str, str]
-    """Variables we would have set that the environment already has: name -> the user's value."""
+    """Variables we would have set that the environment already has: name -> the value kept."""
 
     def log_line(self, instance_type: str | None) -> str:
-        """One line for the job log, e.g. `network (ml.p4d.24xlarge): FI_PROVIDER=efa ...; user's NCCL_PROTO=LL`."""
+        """One line for the job log, e.g. `network (ml.p4d.24xlarge): FI_PROVIDER=efa ...; already set NCCL_PROTO=LL`."""
         added = " ".join(f"{k}={v}" for k, v in self.added.items()) or "nothing added"
         line = f"network ({instance_type or 'unknown instance type'}): {added}"
         if self.kept:
-            line += "; kept the user's " + " ".join(f"{k}={v}" for k, v in self.kept.items())
+            line += "; already set " + " ".join(f"{k}={v}" for k, v in self.kept.items())
         return line
 
 

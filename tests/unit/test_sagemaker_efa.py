@@ -57,7 +57,7 @@ def test_user_values_are_never_replaced_and_are_reported():
     assert result.kept == {"FI_PROVIDER": "efa", "NCCL_PROTO": "LL,LL128,Simple"}
     assert result.log_line("ml.p4d.24xlarge") == (
         "network (ml.p4d.24xlarge): FI_EFA_USE_DEVICE_RDMA=1 NCCL_SOCKET_IFNAME=ens5; "
-        "kept the user's FI_PROVIDER=efa NCCL_PROTO=LL,LL128,Simple"
+        "already set FI_PROVIDER=efa NCCL_PROTO=LL,LL128,Simple"
     )
 
 
@@ -112,6 +112,6 @@ def test_the_elastic_launcher_exports_them_once_before_starting_workers(tmp_path
     }
     expected = (
         "network (ml.p4d.24xlarge): FI_EFA_USE_DEVICE_RDMA=1 FI_PROVIDER=efa NCCL_SOCKET_IFNAME=eth0; "
-        "kept the user's NCCL_PROTO=LL128"
+        "already set NCCL_PROTO=LL128"
     )
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("network (")] == [expected]
