@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.job import (
     DISTRIBUTIONS,
     JobSpec,
@@ -140,4 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as exc:  # a job-spec problem: the message says which value and why
+        raise SystemExit(f"error: {exc}") from None

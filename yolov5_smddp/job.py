@@ -9,14 +9,25 @@ Distributions (the `distribution` argument):
               mpirun on the first host, one rank per GPU. Only on the instance types SMDDP supports.
 - "torchrun": `{"torch_distributed": {"enabled": True}}`; torchrun on every host, NCCL.
 - "none":     one process per host; our entrypoint starts one worker per GPU itself (torch elastic, NCCL).
+
+Job-spec checks users hit run before any SDK object exists (`ConfigError` naming the value): checkpoint URIs
+that are not a folder prefix, checkpoints written into the model folder or outside the synced folder, and
+SMDDP (distribution or `backend` hyperparameter) on instance types without it.
+
+`tuner_kwargs(tuning)` builds SageMaker Automatic Model Tuning (SDK v2 `HyperparameterTuner`) around the same
+estimator: our answer to the release's `--evolve`, which does not work under DDP.
 """
 
 from __future__ import annotations
 
+import argparse
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from yolov5_smddp.config import check_hyp_value, parse_overrides, parse_train_args
 from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.hyp_options import hyp_key
 
 DISTRIBUTIONS = ("smddp", "torchrun", "none")
 SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
@@ -24,6 +35,8 @@ DEFAULT_REGION = "us-west-2"
 DLC_ACCOUNT = "763104351884"
 DEFAULT_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+MODEL_DIR = "/opt/ml/model"
+CHECKPOINT_URI_SCHEMES = ("s3://", "https://")
 INPUT_MODES = ("File", "FastFile", "Pipe")
 
 
@@ -97,8 +110,7 @@ def hyperparameter_strings(hyperparameters: Mapping[str, object]) -> dict[str, s
     """
     out: dict[str, str] = {}
     for key, value in hyperparameters.items():
-        if not key or not all(c.isalnum() or c in "-_" for c in key):
-            raise ConfigError(f"hyperparameter name {key!r}: use letters, digits, '-' and '_' only")
+        _check_name(key)
         if isinstance(value, bool):
             out[key] = "True" if value else "False"
         elif isinstance(value, int | float | str):
@@ -106,6 +118,11 @@ def hyperparameter_strings(hyperparameters: Mapping[str, object]) -> dict[str, s
         else:
             raise ConfigError(f"hyperparameter {key!r}: value {value!r} is not a string, number or boolean")
     return out
+
+
+def _check_name(key: str) -> None:
+    if not key or not all(c.isalnum() or c in "-_" for c in key):
+        raise ConfigError(f"hyperparameter name {key!r}: use letters, digits, '-' and '_' only")
 
 
 def data_channels(spec: JobSpec) -> dict[str, str]:
@@ -134,6 +151,76 @@ def _check(spec: JobSpec) -> None:
     if spec.use_spot_instances and not spec.checkpoint_s3_uri:
         raise ConfigError(
             "use_spot_instances=True needs checkpoint_s3_uri, or an interrupted job restarts from zero"
+        )
+    if spec.checkpoint_s3_uri:
+        _check_checkpoint_uri(spec.checkpoint_s3_uri)
+    _check_checkpoint_dir(spec)
+    _check_backend(spec)
+
+
+def _check_checkpoint_uri(uri: str) -> None:
+    scheme = next((s for s in CHECKPOINT_URI_SCHEMES if uri.startswith(s)), None)
+    if scheme is None:
+        raise ConfigError(f"checkpoint_s3_uri {uri!r} must start with s3:// (e.g. 's3://bucket/ckpt/run1/')")
+    bucket, _, key = uri[len(scheme) :].partition("/")
+    if not bucket or not key.strip("/"):
+        raise ConfigError(
+            f"checkpoint_s3_uri {uri!r} is a whole bucket: every object in it would be restored into "
+            "/opt/ml/checkpoints at the start of the job; give a folder prefix such as 's3://bucket/ckpt/run1/'"
+        )
+    if not uri.endswith("/"):
+        raise ConfigError(
+            f"checkpoint_s3_uri {uri!r} must end with '/': SageMaker syncs every key that starts with it, so "
+            f"the checkpoints under sibling prefixes such as {uri + '-old/'!r} would be restored and resumed "
+            f"too; use {uri + '/'!r}"
+        )
+
+
+def _hyperparameter(spec: JobSpec, name: str) -> object | None:
+    """A hyperparameter under either spelling (`checkpoint-dir` or `checkpoint_dir`), else None."""
+    for key in (name, name.replace("-", "_")):
+        if key in spec.hyperparameters:
+            return spec.hyperparameters[key]
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _check_checkpoint_dir(spec: JobSpec) -> None:
+    """Where the trainer will write checkpoints: not into the model folder, and inside the synced folder."""
+    given = _hyperparameter(spec, "checkpoint-dir")
+    output = _hyperparameter(spec, "output")  # the entrypoint's --output moves checkpoints/ under it
+    if given is not None:
+        local, source = str(given), f"hyperparameter checkpoint-dir={given!r}"
+    elif output is not None:
+        local, source = posixpath.join(str(output), "checkpoints"), f"hyperparameter output={output!r}"
+    else:
+        return
+    local = posixpath.normpath(local)
+    if _within(local, MODEL_DIR):
+        raise ConfigError(
+            f"{source} puts the training checkpoints in {local}, inside the model folder {MODEL_DIR}: every "
+            "last/best checkpoint (with optimizer state) would be packed into model.tar.gz; leave it unset "
+            f"(checkpoints go to {CHECKPOINT_LOCAL_PATH})"
+        )
+    if spec.checkpoint_s3_uri and not _within(local, CHECKPOINT_LOCAL_PATH):
+        raise ConfigError(
+            f"{source} puts the training checkpoints in {local}, but checkpoint_s3_uri syncs "
+            f"{CHECKPOINT_LOCAL_PATH}: nothing would be uploaded and a restarted job would start from zero; "
+            "leave it unset"
+        )
+
+
+def _check_backend(spec: JobSpec) -> None:
+    backend = _hyperparameter(spec, "backend")
+    if backend is None or str(backend).strip().strip('"').lower() != "smddp":
+        return
+    if spec.instance_type not in SMDDP_INSTANCE_TYPES:
+        raise ConfigError(
+            f"hyperparameter backend=smddp: instance type {spec.instance_type!r} has no SMDDP support (SMDDP "
+            f"runs on {', '.join(SMDDP_INSTANCE_TYPES)}); use backend 'nccl' or leave it unset ('auto')"
         )
 
 
@@ -232,3 +319,198 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
     if spec.output_path:
         kwargs["output_data_config"] = {"s3_output_path": spec.output_path}
     return kwargs
+
+
+# ---- Automatic Model Tuning (SDK v2 HyperparameterTuner) ------------------------------------------------
+
+OBJECTIVE_METRIC = "val:mAP50-95"
+"""The tuning objective: our metric lines' `mAP50-95=` (telemetry.METRIC_DEFINITIONS). AMT takes the LAST
+value a job prints (API FinalHyperParameterTuningJobObjectiveMetric), i.e. the final epoch's validation."""
+OBJECTIVE_TYPES = ("Maximize", "Minimize")
+TUNING_STRATEGIES = ("Bayesian", "Random")
+EARLY_STOPPING_TYPES = ("Off", "Auto")
+SCALING_TYPES = ("Auto", "Linear", "Logarithmic", "ReverseLogarithmic")
+MAX_TUNED_HYPERPARAMETERS = 30  # API ParameterRanges: at most 30 over all ranges
+
+
+@dataclass(frozen=True)
+class ContinuousRange:
+    """SDK v2 `ContinuousParameter(min_value, max_value, scaling_type)`: any float in [min, max]."""
+
+    min_value: float
+    max_value: float
+    scaling_type: str = "Auto"
+
+
+@dataclass(frozen=True)
+class IntegerRange:
+    """SDK v2 `IntegerParameter(min_value, max_value, scaling_type)`: any integer in [min, max]."""
+
+    min_value: int
+    max_value: int
+    scaling_type: str = "Auto"
+
+
+@dataclass(frozen=True)
+class CategoricalRange:
+    """SDK v2 `CategoricalParameter(values)`: one of `values` (passed to the job as strings)."""
+
+    values: tuple[str | int | float | bool, ...]
+
+
+ParameterRange = ContinuousRange | IntegerRange | CategoricalRange
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuningSpec:
+    """A tuning job: the training job it repeats and the hyperparameters it searches."""
+
+    job: JobSpec
+    """Every training job of the tuning job; its `hyperparameters` are the static (not tuned) ones."""
+    ranges: Mapping[str, ParameterRange]
+    """Hyperparameter name -> range. A training option (`epochs`, `optimizer`, `cos-lr`, ...) or one key of
+    the hyperparameter YAML as `hyp-<key>` (`hyp-lr0`, `hyp-mosaic`): the entrypoint folds those into
+    `--hyp-override` (yolov5_smddp.hyp_options), since AMT tunes whole hyperparameters only."""
+    objective_metric: str = OBJECTIVE_METRIC
+    objective_type: str = "Maximize"
+    strategy: str = "Bayesian"
+    max_jobs: int = 20
+    max_parallel_jobs: int = 2
+    early_stopping_type: str = "Off"
+    """"Auto" lets AMT stop jobs whose per-epoch objective lags (it reads every epoch's metric line)."""
+    base_tuning_job_name: str | None = None
+    """None: the job's base_job_name."""
+
+
+def _check_tuned_value(name: str, value: object) -> None:
+    """ConfigError unless the training job accepts `--name value` (checked with the real option parser)."""
+    key = hyp_key(name)
+    if key is not None:
+        try:
+            number = float(value) if isinstance(value, str) else value
+        except ValueError:
+            number = value  # named as "not a number" below
+        check_hyp_value(key, number, source=f"tuning range {name!r}")
+        return
+    text = hyperparameter_strings({name: value})[name]
+    try:
+        parse_train_args([f"--{name}", text])
+    except ConfigError as exc:
+        raise ConfigError(f"tuning range {name!r}: value {text!r} is not accepted: {exc}") from exc
+
+
+def _range_kwargs(name: str, spec: ParameterRange) -> dict:
+    """One range as {SDK class name: constructor kwargs}, its values checked against our options."""
+    if isinstance(spec, CategoricalRange):
+        if not spec.values:
+            raise ConfigError(f"tuning range {name!r}: no values")
+        for value in spec.values:
+            _check_tuned_value(name, value)
+        values = [hyperparameter_strings({name: v})[name] for v in spec.values]
+        return {"CategoricalParameter": {"values": values}}
+    kind = "ContinuousParameter" if isinstance(spec, ContinuousRange) else "IntegerParameter"
+    if spec.scaling_type not in SCALING_TYPES:
+        raise ConfigError(
+            f"tuning range {name!r}: scaling_type {spec.scaling_type!r} is not one of {', '.join(SCALING_TYPES)}"
+        )
+    if not spec.min_value < spec.max_value:
+        raise ConfigError(
+            f"tuning range {name!r}: min_value {spec.min_value} must be < max_value {spec.max_value}"
+        )
+    # API ContinuousParameterRange / IntegerParameterRange ScalingType rules
+    if spec.scaling_type == "Logarithmic" and spec.min_value <= 0:
+        raise ConfigError(f"tuning range {name!r}: Logarithmic scaling needs min_value > 0")
+    if spec.scaling_type == "ReverseLogarithmic" and (
+        isinstance(spec, IntegerRange) or not (0 <= spec.min_value and spec.max_value < 1)
+    ):
+        raise ConfigError(
+            f"tuning range {name!r}: ReverseLogarithmic scaling is for continuous ranges within 0 <= x < 1"
+        )
+    # the bounds, and for integers min + 1 too: catches a step rule such as imgsz's multiples of 32
+    checked = [spec.min_value, spec.max_value]
+    if isinstance(spec, IntegerRange):
+        checked.append(spec.min_value + 1)
+    for value in checked:
+        _check_tuned_value(name, value)
+    return {
+        kind: {"min_value": spec.min_value, "max_value": spec.max_value, "scaling_type": spec.scaling_type}
+    }
+
+
+def _check_tuning(tuning: TuningSpec, metric_definitions: list[dict[str, str]]) -> None:
+    if not tuning.ranges:
+        raise ConfigError("a tuning job needs at least one hyperparameter range")
+    if len(tuning.ranges) > MAX_TUNED_HYPERPARAMETERS:
+        raise ConfigError(
+            f"{len(tuning.ranges)} tuned hyperparameters: SageMaker allows at most {MAX_TUNED_HYPERPARAMETERS}"
+        )
+    names = [d["Name"] for d in metric_definitions]
+    if tuning.objective_metric not in names:
+        raise ConfigError(
+            f"objective metric {tuning.objective_metric!r} is not among the metric definitions ({', '.join(names)})"
+        )
+    for value, allowed, what in (
+        (tuning.objective_type, OBJECTIVE_TYPES, "objective_type"),
+        (tuning.strategy, TUNING_STRATEGIES, "strategy"),
+        (tuning.early_stopping_type, EARLY_STOPPING_TYPES, "early_stopping_type"),
+    ):
+        if value not in allowed:
+            raise ConfigError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+    if not 1 <= tuning.max_parallel_jobs <= tuning.max_jobs:
+        raise ConfigError(
+            f"max_parallel_jobs ({tuning.max_parallel_jobs}) must be in 1..max_jobs ({tuning.max_jobs})"
+        )
+    if tuning.job.checkpoint_s3_uri:
+        # every training job of a tuning job gets the same CheckpointConfig: each would restore (and resume!)
+        # the others' last.pt from the shared prefix
+        raise ConfigError(
+            "checkpoint_s3_uri with a tuning job: all its training jobs share that prefix, so each would resume "
+            "another job's checkpoint; tune without checkpoint_s3_uri (and without spot instances)"
+        )
+    static = set(hyperparameter_strings(tuning.job.hyperparameters))
+    fixed_keys = _fixed_hyp_keys(tuning.job)
+    for name in tuning.ranges:
+        _check_name(name)
+        if {name, name.replace("-", "_"), name.replace("_", "-")} & static:
+            raise ConfigError(
+                f"hyperparameter {name!r} is both fixed (in the job's hyperparameters) and tuned"
+            )
+        key = hyp_key(name)
+        if key is not None and key in fixed_keys:
+            raise ConfigError(f"hyperparameter {key} is both fixed (in hyp-override) and tuned (as {name!r})")
+
+
+def _fixed_hyp_keys(job: JobSpec) -> set[str]:
+    """The keys the job's static `hyp-override` hyperparameter sets."""
+    text = _hyperparameter(job, "hyp-override") or _hyperparameter(job, "hyp-overrides")
+    if text is None:
+        return set()
+    try:
+        return set(parse_overrides(str(text)))
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"hyperparameter hyp-override={text!r}: {exc}") from exc
+
+
+def tuner_kwargs(tuning: TuningSpec) -> dict:
+    """Keyword arguments of SDK v2 `sagemaker.tuner.HyperparameterTuner(**kwargs)`, as plain values.
+
+    Construct the SDK objects from them: `estimator` -> `PyTorch(**v)`, and every `hyperparameter_ranges`
+    value {class name: kwargs} -> `ContinuousParameter(**kwargs)` / `IntegerParameter` / `CategoricalParameter`.
+    `.fit(data_channels(tuning.job))` starts the tuning job. The metric definitions are passed to the tuner
+    itself: it does not take the estimator's. Raises ConfigError for every problem, before any AWS call.
+    """
+    estimator = pytorch_estimator_kwargs(tuning.job)
+    metric_definitions = list(estimator["metric_definitions"])
+    _check_tuning(tuning, metric_definitions)
+    return {
+        "estimator": estimator,
+        "objective_metric_name": tuning.objective_metric,
+        "objective_type": tuning.objective_type,
+        "metric_definitions": metric_definitions,
+        "hyperparameter_ranges": {name: _range_kwargs(name, r) for name, r in tuning.ranges.items()},
+        "strategy": tuning.strategy,
+        "max_jobs": tuning.max_jobs,
+        "max_parallel_jobs": tuning.max_parallel_jobs,
+        "early_stopping_type": tuning.early_stopping_type,
+        "base_tuning_job_name": tuning.base_tuning_job_name or tuning.job.base_job_name,
+    }

@@ -535,7 +535,9 @@ def run_job(
     """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
     from yolov5_smddp import launch
     from yolov5_smddp.config import parse_train_args
+    from yolov5_smddp.hyp_options import fold_hyp_options
 
+    train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
     plan = launch.decide_launch(
         environ,
@@ -576,6 +578,12 @@ def run_job(
 
         code = int(train_main(worker_args) or 0)
     else:
+        from yolov5_smddp.sagemaker_efa import network_environment
+
+        # the toolkit sets EFA/NCCL variables only for the ranks it starts; our workers inherit these
+        network = network_environment(env.instance_type, env.network_interface, os.environ)
+        os.environ.update(network.added)
+        log.info("%s", network.log_line(env.instance_type))
         code = launch.run_elastic(
             plan, worker_args, run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp"
         )
