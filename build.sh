@@ -22,7 +22,9 @@ commands:
         creates the repository if missing; for any other registry (e.g. 127.0.0.1:5000) it only tags and
         pushes. Prints the pushed reference on the last line.
   local-base
-        Build the local DLC stand-in (cached by content hash) and print its tag.
+        Build the local DLC stand-in (cached by content hash) and print its tag: FROM debian:trixie-slim when
+        that image is present or can be pulled, else with debootstrap (root, Debian-like Linux; no registry).
+        STANDIN_METHOD=dockerfile|debootstrap forces one (docker/standin/build.sh).
   test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
         image, then the container tests (pytest -m docker) from this host in a virtualenv. Needs only
         Docker and python3.
@@ -147,7 +149,8 @@ cmd_run() {
     mkdir -p "$out/model" "$out/output" "$out/checkpoints"
     if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then gpus=(--gpus all); fi
     echo "running $tag train $*; outputs in $out" >&2
-    docker run --rm "${gpus[@]}" --shm-size 2g \
+    # ${a[@]+...}: an empty array under set -u, which bash 3.2 (macOS) calls unbound
+    docker run --rm ${gpus[@]+"${gpus[@]}"} --shm-size 2g \
         -v "$out/model:/opt/ml/model" -v "$out/output:/opt/ml/output" -v "$out/checkpoints:/opt/ml/checkpoints" \
         "$tag" train "$@"
 }
@@ -183,8 +186,10 @@ cmd_test() {
     if [[ ! -x "$venv/bin/python" ]]; then
         python3 -m venv "$venv" || die "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)"
     fi
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7" "pyyaml>=6" \
-        || die "pip install pytest pyyaml failed"
+    # docker: the Docker SDK for Python (7.1 is the first to work with requests >= 2.32; it negotiates the
+    # engine's API version, so Docker Engine 20.10 to 28 all do).
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7" "pyyaml>=6" "docker>=7.1,<8" \
+        || die "pip install pytest pyyaml docker failed"
     run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q -m docker tests/docker
     echo "== all tests passed in $((SECONDS - start)) s" >&2

@@ -1,16 +1,30 @@
-"""Container tests: they drive the Docker CLI from the host (no torch needed here) against the image that
-`./build.sh test` built (YOLOV5_SMDDP_IMAGE). Skipped, with the reason, where no engine or image exists."""
+"""Container tests: they drive the Docker engine from the host through the Docker SDK for Python (no torch
+needed here) against the image that `./build.sh test` built (YOLOV5_SMDDP_IMAGE). Skipped, with the reason,
+where no engine or image exists; everything they make is removed afterwards (tests/docker/engine.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import uuid
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# The test image's pytest walks this folder too, without the SDK (only the host venv has it): skip the folder
+# there, but not where the caller asked for these tests by naming the image. (`docker.errors`: a bare `docker`
+# would find the repository's docker/ folder.)
+if not os.environ.get("YOLOV5_SMDDP_IMAGE"):
+    pytest.importorskip(
+        "docker.errors", reason="the Docker SDK for Python is not installed (./build.sh test has it)"
+    )
+
+import docker  # noqa: E402
+from docker.errors import DockerException, ImageNotFound  # noqa: E402
+from docker.types import Mount  # noqa: E402
+
+from tests.docker.engine import OWNER, Engine, bind, remove_leftovers, remove_owned  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and quick on a 2-core CPU: yolov5n, 64 px, one epoch.
@@ -25,40 +39,48 @@ TINY_HPS = {
 }
 
 
-def docker(*args: str, check: bool = True, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
-    """Run the docker CLI (a list of words, never a shell string); text output captured."""
-    return subprocess.run(
-        ["docker", *args], check=check, timeout=timeout, capture_output=True, text=True, **kwargs
-    )
-
-
-def _engine_reason() -> str | None:
-    if shutil.which("docker") is None:
-        return "the docker CLI is not installed"
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        return "no Docker engine is reachable"
-    return None
+@pytest.fixture(scope="session")
+def client() -> Iterator[docker.DockerClient]:
+    """The engine (skip without one), cleared of what killed earlier runs left behind."""
+    try:
+        # A busy machine answers slowly: 300 s for each API call that has no timeout of its own.
+        engine = docker.from_env(timeout=300)
+        engine.ping()
+    except DockerException as err:
+        pytest.skip(f"no Docker engine is reachable: {err}")
+    removed = remove_leftovers(engine)
+    if removed:
+        print(f"removed leftovers of an interrupted run: {', '.join(removed)}", file=sys.stderr)
+    yield engine
+    remove_owned(engine, OWNER)
+    engine.close()
 
 
 @pytest.fixture(scope="session")
-def image() -> str:
-    import os
-
-    reason = _engine_reason()
-    if reason:
-        pytest.skip(reason)
+def image(client: docker.DockerClient) -> str:
     tag = os.environ.get("YOLOV5_SMDDP_IMAGE")
     if not tag:
         pytest.skip("YOLOV5_SMDDP_IMAGE is not set (./build.sh test builds the image and sets it)")
-    if docker("image", "inspect", tag, check=False).returncode != 0:
+    try:
+        client.images.get(tag)
+    except ImageNotFound:
         pytest.skip(f"image {tag} does not exist (run ./build.sh test)")
     return tag
 
 
-def in_image(image: str, mounts: dict[Path, str], code: str) -> None:
-    """Run a Python snippet inside the image (numpy/cv2 live there, not on the host)."""
-    volumes = [w for host, inside in mounts.items() for w in ("-v", f"{host}:{inside}")]
-    docker("run", "--rm", "--entrypoint", "python3", *volumes, image, "-c", code)
+@pytest.fixture
+def engine(client: docker.DockerClient) -> Iterator[Engine]:
+    """This test's containers, networks and images: removed when it ends, passed or failed."""
+    made = Engine(client)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="session")
+def session_engine(client: docker.DockerClient) -> Iterator[Engine]:
+    made = Engine(client)
+    yield made
+    made.close()
 
 
 MAKE_DATASET = """
@@ -78,10 +100,12 @@ os.replace('/d/labels/train.cache.npy', '/d/labels/train.cache')
 
 
 @pytest.fixture(scope="session")
-def dataset(image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny dataset (16 train and 8 val images of 64 x 48 px) with a stale release-format labels/train.cache."""
+def dataset(image: str, session_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dataset (16 train and 8 val images of 64 x 48 px) with a stale release-format labels/train.cache,
+    made inside the image (numpy/cv2 live there, not on the host)."""
     root = tmp_path_factory.mktemp("dataset")
-    in_image(image, {root: "/d"}, MAKE_DATASET)
+    made = session_engine.run(image, ["-c", MAKE_DATASET], entrypoint="python3", mounts=[bind(root, "/d")])
+    assert made.code == 0, made.log[-4000:]
     assert (root / "data.yaml").is_file() and (root / "labels" / "train.cache").is_file()
     return root
 
@@ -119,31 +143,11 @@ def opt_ml_tree(
     return root
 
 
-def opt_ml_mounts(root: Path, channels: dict[str, Path]) -> list[str]:
-    """`docker run` volume words: config read-only, channels read-only (as FastFile/FSx are to us)."""
-    words = ["-v", f"{root / 'input' / 'config'}:/opt/ml/input/config:ro"]
-    for name, folder in channels.items():
-        words += ["-v", f"{folder}:/opt/ml/input/data/{name}:ro"]
-    for sub in ("model", "output", "checkpoints"):
-        words += ["-v", f"{root / sub}:/opt/ml/{sub}"]
-    return words
-
-
-@pytest.fixture
-def network() -> Iterator[str]:
-    """A private network (no outside access) for a two-host cluster; removed afterwards."""
-    name = f"yolov5-smddp-test-{uuid.uuid4().hex[:8]}"
-    docker("network", "create", "--internal", name)
-    try:
-        yield name
-    finally:
-        docker("network", "rm", name, check=False)
-
-
-@pytest.fixture
-def containers() -> Iterator[list[str]]:
-    """Names of containers a test starts; force-removed afterwards."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        docker("rm", "-f", name, check=False)
+def opt_ml_mounts(root: Path, channels: dict[str, Path]) -> list[Mount]:
+    """The container's mounts: config read-only, channels read-only (as FastFile/FSx are to us)."""
+    mounts = [bind(root / "input" / "config", "/opt/ml/input/config", read_only=True)]
+    mounts += [
+        bind(folder, f"/opt/ml/input/data/{name}", read_only=True) for name, folder in channels.items()
+    ]
+    mounts += [bind(root / sub, f"/opt/ml/{sub}") for sub in ("model", "output", "checkpoints")]
+    return mounts

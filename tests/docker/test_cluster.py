@@ -9,94 +9,83 @@ import uuid
 from pathlib import Path
 
 import pytest
+from docker.models.containers import Container
 
-from tests.docker.conftest import TINY_HPS, docker, opt_ml_mounts, opt_ml_tree
+from tests.docker.conftest import TINY_HPS, opt_ml_mounts, opt_ml_tree
+from tests.docker.engine import NAME_PREFIX, Engine, logs, wait
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 HOSTS = ["algo-1", "algo-2"]
 
 
 def _start_cluster(
-    image: str, dataset: Path, tmp_path: Path, network: str, containers: list[str], hps: dict[str, str]
-) -> dict[str, Path]:
-    roots = {}
-    tag = uuid.uuid4().hex[:6]
+    image: str, dataset: Path, tmp_path: Path, engine: Engine, hps: dict[str, str]
+) -> tuple[dict[str, Path], dict[str, Container]]:
+    """One container per host: host name and network alias algo-N (the toolkit resolves every host first)."""
+    network = engine.network()
+    run = uuid.uuid4().hex[:6]
+    roots, containers = {}, {}
     for host in HOSTS:
-        root = opt_ml_tree(tmp_path / host, host=host, hosts=HOSTS, hps=hps, channels=("training",))
-        name = f"yolov5-smddp-{host}-{tag}"
-        containers.append(name)
-        docker(
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--hostname",
-            host,
-            "--network",
-            network,
-            "--network-alias",
-            host,
-            "--shm-size",
-            "512m",
-            *opt_ml_mounts(root, {"training": dataset}),
+        roots[host] = opt_ml_tree(tmp_path / host, host=host, hosts=HOSTS, hps=hps, channels=("training",))
+        containers[host] = engine.start(
             image,
             "train",
+            name=f"{NAME_PREFIX}-{host}-{run}",
+            hostname=host,
+            network=network,
+            aliases=(host,),
+            shm_size="512m",
+            mounts=opt_ml_mounts(roots[host], {"training": dataset}),
         )
-        roots[host] = root
-    return roots
+    return roots, containers
 
 
-def _wait(name: str, timeout: float) -> tuple[int, str]:
-    code = int(docker("wait", name, timeout=timeout).stdout.strip())
-    logs = docker("logs", name, check=False)
-    return code, logs.stdout + logs.stderr
-
-
-def test_two_hosts_without_distribution_use_our_launcher(image, dataset, tmp_path, network, containers):
-    roots = _start_cluster(image, dataset, tmp_path, network, containers, TINY_HPS)
-    results = {host: _wait(name, 900) for host, name in zip(HOSTS, containers)}
-    for host, (code, log) in results.items():
-        assert code == 0, f"{host}:\n{log[-4000:]}"
-    log1 = results["algo-1"][1]
+def test_two_hosts_without_distribution_use_our_launcher(image, dataset, tmp_path, engine):
+    roots, containers = _start_cluster(image, dataset, tmp_path, engine, TINY_HPS)
+    results = {host: wait(container, 900) for host, container in containers.items()}
+    for host, result in results.items():
+        assert result.code == 0, f"{host}:\n{result.log[-4000:]}"
+    log1 = results["algo-1"].log
     assert "launch: elastic, 2 host(s) x 1 worker(s), this host algo-1 (node 0), master algo-1:7777" in log1
-    assert "launch: elastic, 2 host(s) x 1 worker(s), this host algo-2 (node 1)" in results["algo-2"][1]
+    assert "launch: elastic, 2 host(s) x 1 worker(s), this host algo-2 (node 1)" in results["algo-2"].log
     assert "backend=gloo world_size=2" in log1
     assert (roots["algo-1"] / "model" / "best.pt").is_file()
 
 
-def test_two_hosts_with_the_toolkits_smddp_mpirun_launch(image, dataset, tmp_path, network, containers):
+def test_two_hosts_with_the_toolkits_smddp_mpirun_launch(image, dataset, tmp_path, engine):
     hps = {
         **TINY_HPS,
         "sagemaker_distributed_dataparallel_enabled": "true",
         "sagemaker_instance_type": json.dumps("ml.p4d.24xlarge"),
     }
-    roots = _start_cluster(image, dataset, tmp_path, network, containers, hps)
-    code, log1 = _wait(containers[0], 900)
-    assert code == 0, log1[-4000:]
+    roots, containers = _start_cluster(image, dataset, tmp_path, engine, hps)
+    first = wait(containers["algo-1"], 900)
+    log1 = first.log
+    assert first.code == 0, log1[-4000:]
     assert "mpirun --host algo-1:1,algo-2:1 -np 2" in log1
     assert "[1,mpirank:0,algo-1]<stdout>: launch: mpirun" in log1
     assert "[1,mpirank:1,algo-2]<stdout>: launch: mpirun" in log1  # the rank mpirun started over ssh
     assert "backend=gloo world_size=2" in log1
     # the worker host's toolkit ran sshd, saw the MPI daemon finish and found the master's status file
-    code2, log2 = _wait(containers[1], 300)
-    assert code2 == 0, log2[-4000:]
-    assert "MPI training job status file found" in log2
+    second = wait(containers["algo-2"], 300)
+    assert second.code == 0, second.log[-4000:]
+    assert "MPI training job status file found" in second.log
     assert (roots["algo-1"] / "model" / "best.pt").is_file()
 
 
-def test_a_host_dying_fails_the_other_within_the_timeout(image, dataset, tmp_path, network, containers):
+def test_a_host_dying_fails_the_other_within_the_timeout(image, dataset, tmp_path, engine):
     hps = {**TINY_HPS, "epochs": "100", "dist-timeout": "60"}
-    roots = _start_cluster(image, dataset, tmp_path, network, containers, hps)
-    first, second = containers
+    roots, containers = _start_cluster(image, dataset, tmp_path, engine, hps)
+    first, second = containers["algo-1"], containers["algo-2"]
     deadline = time.monotonic() + 600
-    while "epoch=2" not in docker("logs", first, check=False).stdout:
-        assert time.monotonic() < deadline, docker("logs", first, check=False).stdout[-4000:]
+    while "epoch=2" not in logs(first, stderr=False):
+        assert time.monotonic() < deadline, logs(first, stderr=False)[-4000:]
         time.sleep(1)
-    docker("kill", second)
+    second.kill()
     killed_at = time.monotonic()
-    code, log = _wait(first, 300)
+    result = wait(first, 300)
     elapsed = time.monotonic() - killed_at
-    assert code != 0, log[-4000:]
+    assert result.code != 0, result.log[-4000:]
     assert elapsed < 60 + 60, f"algo-1 took {elapsed:.0f} s to stop after algo-2 died"
     reason = (roots["algo-1"] / "output" / "failure").read_text()
     assert reason.startswith("Training failed: training worker rank 0"), reason[:1024]

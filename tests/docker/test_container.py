@@ -4,34 +4,24 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.docker.conftest import TINY_HPS, docker, opt_ml_mounts, opt_ml_tree
+from tests.docker.conftest import TINY_HPS, opt_ml_mounts, opt_ml_tree
+from tests.docker.engine import Engine, bind, logs, wait_for_log
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: Path):
+def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: Path, engine: Engine):
     """SageMaker's way: `docker run IMAGE train` with a mounted config (read-only: our ENTRYPOINT must not
     touch it) and a read-only training channel holding a stale release-format cache."""
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=TINY_HPS, channels=("training",))
     before = (root / "input" / "config" / "hyperparameters.json").read_text()
-    run = docker(
-        "run",
-        "--rm",
-        "--hostname",
-        "algo-1",
-        *opt_ml_mounts(root, {"training": dataset}),
-        image,
-        "train",
-        check=False,
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
+    run = engine.run(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {"training": dataset}))
+    log = run.log
+    assert run.code == 0, log[-4000:]
     assert "Invoking user training script" in log  # the real toolkit ran our program
     assert "wrote a single-host config" not in log
     assert (root / "input" / "config" / "hyperparameters.json").read_text() == before
@@ -41,89 +31,53 @@ def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: 
     assert (root / "output" / "data" / "results.csv").is_file()
 
 
-def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_path: Path):
+def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_path: Path, engine: Engine):
     """No /opt/ml mounted at all: our ENTRYPOINT writes a local single-host config from the arguments."""
     model = tmp_path / "model"
     model.mkdir()
     args = [w for k, v in TINY_HPS.items() for w in (f"--{k}", v)]
-    run = docker("run", "--rm", "-v", f"{model}:/opt/ml/model", image, "train", *args, check=False)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
+    run = engine.run(image, ["train", *args], mounts=[bind(model, "/opt/ml/model")])
+    log = run.log
+    assert run.code == 0, log[-4000:]
     assert "wrote a single-host config" in log
     assert "launch: single" in log
     assert (model / "best.pt").is_file() and (model / "metrics.json").is_file()
 
 
-def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path):
+def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path, engine: Engine):
     channel = tmp_path / "channel"
     (channel / "images").mkdir(parents=True)
     (channel / "data.yaml").write_text(
         "path: /somewhere/else\ntrain: images/train2017\nval: images/val2017\nnames: [a]\n"
     )
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=TINY_HPS, channels=("training",))
-    run = docker(
-        "run",
-        "--rm",
-        "--hostname",
-        "algo-1",
-        *opt_ml_mounts(root, {"training": channel}),
-        image,
-        "train",
-        check=False,
-    )
-    assert run.returncode != 0
+    run = engine.run(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {"training": channel}))
+    assert run.code != 0
     reason = (root / "output" / "failure").read_text()[:1024]
     first = reason.splitlines()[0]
     assert first.startswith("Dataset problem: ")
     assert "/opt/ml/input/data/training/images/train2017" in first and "'train'" in first
-    assert "Traceback" in run.stdout + run.stderr  # the full traceback is in the log
+    assert "Traceback" in run.log  # the full traceback is in the log
     assert not (root / "model" / "best.pt").exists()
 
 
-def test_unknown_hyperparameter_stops_the_job_before_any_work(image: str, tmp_path: Path):
+def test_unknown_hyperparameter_stops_the_job_before_any_work(image: str, tmp_path: Path, engine: Engine):
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps={**TINY_HPS, "epochz": "3"})
-    run = docker("run", "--rm", "--hostname", "algo-1", *opt_ml_mounts(root, {}), image, "train", check=False)
-    assert run.returncode != 0
+    run = engine.run(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {}))
+    assert run.code != 0
     first = (root / "output" / "failure").read_text().splitlines()[0]
     assert first.startswith("Invalid hyperparameter or option: ") and "--epochz" in first
 
 
-def _wait_for(container: str, text: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        logs = docker("logs", container, check=False)
-        out = logs.stdout + logs.stderr
-        if text in out:
-            return out
-        if docker("inspect", "-f", "{{.State.Running}}", container, check=False).stdout.strip() != "true":
-            raise AssertionError(f"{container} stopped before printing {text!r}:\n{out[-4000:]}")
-        time.sleep(1)
-    raise AssertionError(f"{container} did not print {text!r} within {timeout} s")
-
-
-def test_sigterm_leaves_a_resumable_checkpoint(
-    image: str, dataset: Path, tmp_path: Path, containers: list[str]
-):
+def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_path: Path, engine: Engine):
     hps = {**TINY_HPS, "epochs": "50"}
     root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=hps, channels=("training",))
-    name = f"yolov5-smddp-sigterm-{uuid.uuid4().hex[:6]}"
-    containers.append(name)
-    docker(
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--hostname",
-        "algo-1",
-        *opt_ml_mounts(root, {"training": dataset}),
-        image,
-        "train",
-    )
-    _wait_for(name, "epoch=2", timeout=600)
-    docker("stop", "-t", "90", name)  # SIGTERM, as StopTrainingJob / a spot interruption sends it
-    state = json.loads(docker("inspect", name).stdout)[0]["State"]
-    logs = docker("logs", name, check=False)
-    log = logs.stdout + logs.stderr
+    job = engine.start(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {"training": dataset}))
+    wait_for_log(job, "epoch=2", timeout=600)
+    job.stop(timeout=90)  # SIGTERM, as StopTrainingJob / a spot interruption sends it
+    job.reload()
+    state = job.attrs["State"]
+    log = logs(job)
     assert state["ExitCode"] != 0 and not state["OOMKilled"], log[-4000:]
     assert "SIGTERM received" in log
     assert (root / "checkpoints" / "last.pt").is_file(), log[-4000:]
@@ -139,17 +93,8 @@ def test_sigterm_leaves_a_resumable_checkpoint(
         json.dumps({**hps, "epochs": str(interrupted + 1)})
     )
     (root / "output" / "failure").unlink()
-    run = docker(
-        "run",
-        "--rm",
-        "--hostname",
-        "algo-1",
-        *opt_ml_mounts(root, {"training": dataset}),
-        image,
-        "train",
-        check=False,
-    )
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
+    run = engine.run(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {"training": dataset}))
+    log = run.log
+    assert run.code == 0, log[-4000:]
     assert "resuming from /opt/ml/checkpoints/last.pt" in log
     assert (root / "model" / "best.pt").is_file()

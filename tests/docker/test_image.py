@@ -1,4 +1,5 @@
-"""The image as a product: labels, reuse as a base (`FROM`), `build.sh push` to a registry and back."""
+"""The image as a product: labels, reuse as a base (`FROM`), `build.sh push` to a registry and back. The push
+is the build script's own (a subprocess); everything else goes through the Docker SDK."""
 
 from __future__ import annotations
 
@@ -11,26 +12,32 @@ import time
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
+from docker.errors import ImageNotFound
 
-from tests.docker.conftest import REPO, TINY_HPS, docker
+from tests.docker.conftest import REPO, TINY_HPS
+from tests.docker.engine import Engine, bind
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_image_labels_and_sagemaker_settings(image: str):
-    config = json.loads(docker("image", "inspect", image).stdout)[0]["Config"]
+def test_image_labels_and_sagemaker_settings(client: docker.DockerClient, image: str, engine: Engine):
+    config = client.images.get(image).attrs["Config"]
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == "0.1.0"
     assert len(labels["org.opencontainers.image.revision"]) in (40, len("unknown"))
     assert labels["org.opencontainers.image.base.name"].startswith("yolov5-smddp-standin:")
     assert "SAGEMAKER_PROGRAM=entrypoint.py" in config["Env"]
     assert config["Entrypoint"] == ["python3", "/usr/local/bin/yolov5-smddp-entry"]
-    listing = docker("run", "--rm", "--entrypoint", "ls", image, "/opt/ml/code").stdout.split()
-    assert listing == ["entrypoint.py"]
+    listing = engine.run(image, ["/opt/ml/code"], entrypoint="ls")
+    assert listing.code == 0, listing.log
+    assert listing.stdout.split() == ["entrypoint.py"]
 
 
-def test_child_image_with_its_own_data_builds_and_trains(image: str, dataset: Path, tmp_path: Path):
+def test_child_image_with_its_own_data_builds_and_trains(
+    image: str, dataset: Path, tmp_path: Path, engine: Engine
+):
     context = tmp_path / "child"
     shutil.copytree(dataset, context / "data", ignore=shutil.ignore_patterns("*.cache"))
     (context / "data" / "data.yaml").write_text(
@@ -46,16 +53,13 @@ def test_child_image_with_its_own_data_builds_and_trains(image: str, dataset: Pa
     )
     (context / "Dockerfile").write_text(f"FROM {image}\nCOPY data /opt/child-data\nCMD {args}\n")
     tag = f"yolov5-smddp-child-test:{uuid.uuid4().hex[:8]}"
-    docker("build", "-q", "-t", tag, str(context))
-    try:
-        model = tmp_path / "model"
-        model.mkdir()
-        run = docker("run", "--rm", "-v", f"{model}:/opt/ml/model", tag, check=False)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-        assert (model / "best.pt").is_file()
-        assert "/opt/child-data" in json.loads((model / "config.json").read_text())["train_config"]["data"]
-    finally:
-        docker("rmi", "-f", tag, check=False)
+    engine.build(context, tag)  # labelled: the engine fixture removes it
+    model = tmp_path / "model"
+    model.mkdir()
+    run = engine.run(tag, mounts=[bind(model, "/opt/ml/model")])
+    assert run.code == 0, run.log[-4000:]
+    assert (model / "best.pt").is_file()
+    assert "/opt/child-data" in json.loads((model / "config.json").read_text())["train_config"]["data"]
 
 
 def _free_port() -> int:
@@ -96,7 +100,9 @@ def local_registry(tmp_path: Path):
         proc.wait(timeout=30)
 
 
-def test_build_sh_push_to_a_registry_then_pull_and_run(image: str, local_registry: str):
+def test_build_sh_push_to_a_registry_then_pull_and_run(
+    client: docker.DockerClient, image: str, local_registry: str, engine: Engine
+):
     push = subprocess.run(
         [
             str(REPO / "build.sh"),
@@ -116,13 +122,17 @@ def test_build_sh_push_to_a_registry_then_pull_and_run(image: str, local_registr
     target = push.stdout.strip().splitlines()[-1]
     assert target == f"{local_registry}/yolov5-smddp:{image.split(':')[-1]}"
     assert "logging in" not in push.stderr and "creating ECR repository" not in push.stderr
-    docker("rmi", target)
-    docker("pull", target, timeout=1800)
+    # the tag the push made on our image: removed, pulled back from the registry, run, removed again
+    client.images.remove(target)
     try:
-        run = docker("run", "--rm", target, "python3", "/opt/ml/code/entrypoint.py", "--help", check=False)
-        assert run.returncode == 0 and "--nproc-per-node" in run.stdout, run.stdout + run.stderr
+        client.images.pull(target)
+        run = engine.run(target, ["python3", "/opt/ml/code/entrypoint.py", "--help"])
+        assert run.code == 0 and "--nproc-per-node" in run.stdout, run.log
     finally:
-        docker("rmi", target, check=False)
+        try:
+            client.images.remove(target)
+        except ImageNotFound:
+            pass
 
 
 def test_compose_file_describes_two_hosts():
