@@ -529,8 +529,6 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pi
             r.boxes,
             r.cache,
         )
-        for message in r.messages[:20]:
-            log.warning("dataset %s: %s", split, message)
 
 
 def _local_gpu_count(env: SageMakerEnv) -> int:
