@@ -12,6 +12,8 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
 HYP_NAMES = ("scratch-low", "scratch-high")
@@ -105,6 +108,10 @@ class TrainConfig:
     """SyncBatchNorm under DDP (GPU backends only)."""
     cache: str | None = None
     """cache decoded images: 'ram' (each rank its shard); None → decode every time. No disk cache."""
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    """skip images whose header claims more pixels (w * h) than this, before decoding them. 2^27 keeps
+    a decoded image at 384 MiB, which every loader worker of every GPU may hold at once; OpenCV itself
+    stops only at 2^30 (3 GiB), with an error."""
     amp: str = "auto"
     """mixed precision: auto (bf16 on GPUs that support it, fp16 on older GPUs, off on CPU), fp16, bf16, off."""
     backend: str = "auto"
@@ -123,7 +130,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     """last/best training checkpoints; a valid `last` here is resumed automatically."""
     cache_dir: str | None = None
-    """label caches for read-only datasets and the embedded dataset."""
+    """label caches and the embedded dataset (nothing is ever written under a dataset); None →
+    $XDG_CACHE_HOME/yolov5-smddp or ~/.cache/yolov5-smddp; on SageMaker the warm-pool cache, else
+    /tmp/yolov5-smddp-cache."""
     tensorboard_dir: str | None = None
     """TensorBoard event files (optional; needs the tensorboard package)."""
     dist_timeout: float = 1800.0
@@ -170,6 +179,7 @@ class TrainConfig:
             self.cache,
             "must be 'ram' (or absent); there is no disk cache",
         )
+        _check(self.max_image_pixels >= 1, "--max-image-pixels", self.max_image_pixels, "must be >= 1")
         _check(self.amp in AMP_MODES, "--amp", self.amp, f"must be one of {', '.join(AMP_MODES)}")
         _check(self.backend in BACKENDS, "--backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
         _check(self.log_every >= 1, "--log-every", self.log_every, "must be >= 1")
@@ -416,13 +426,28 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "multi-scale", help="vary image size +/-50%% per batch", **flag)
     _add(parser, "sync-bn", help="SyncBatchNorm under DDP", **flag)
     _add(parser, "cache", type=_optional_cache, nargs="?", const="ram", help="cache decoded images in RAM")
+    _add(
+        parser,
+        "max-image-pixels",
+        type=int,
+        help=f"skip images whose header claims more pixels (default {DEFAULT_MAX_PIXELS:,} = 2^27: a decoded "
+        "image of 384 MiB per loader worker; OpenCV's own limit 2^30 fails with an error)",
+    )
     _add(parser, "amp", type=_choice(AMP_MODES), help="mixed precision: auto, fp16, bf16, off")
     _add(parser, "backend", type=_choice(BACKENDS), help="auto, smddp, nccl, gloo")
     _add(parser, "channels-last", help="channels_last memory format", **flag)
     _add(parser, "compile", help="torch.compile the model", **flag)
     _add(parser, "log-every", type=int, help="metric line every N steps")
-    for name in ("model-dir", "output-dir", "checkpoint-dir", "cache-dir", "tensorboard-dir"):
+    for name in ("model-dir", "output-dir", "checkpoint-dir", "tensorboard-dir"):
         _add(parser, name, type=_optional_string)
+    _add(
+        parser,
+        "cache-dir",
+        type=_optional_string,
+        help="label caches and the embedded dataset (default $XDG_CACHE_HOME/yolov5-smddp, else "
+        "~/.cache/yolov5-smddp; on SageMaker the warm-pool cache or /tmp/yolov5-smddp-cache); "
+        "nothing is ever written under a dataset",
+    )
     _add(parser, "dist-timeout", type=float, help="collective timeout in seconds")
     _add(parser, "val-conf", type=float)
     _add(parser, "val-iou", type=float)
@@ -446,18 +471,22 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
     return config_from_namespace(parser.parse_args(list(argv)))
 
 
-def resolve_output_dirs(config: TrainConfig, cwd: Path) -> dict[str, Path]:
-    """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`."""
+def resolve_output_dirs(
+    config: TrainConfig, cwd: Path, environ: Mapping[str, str] | None = None, home: Path | None = None
+) -> dict[str, Path]:
+    """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`; the cache folder
+    defaults to the user's (`data.cache.default_cache_dir` of `environ`, default os.environ, and `home`)."""
+    from yolov5_smddp.data.cache import default_cache_dir
+
     base = cwd / "runs" / "train"
     defaults = {
-        "model_dir": "model",
-        "output_dir": "output",
-        "checkpoint_dir": "checkpoints",
-        "cache_dir": "cache",
+        "model_dir": base / "model",
+        "output_dir": base / "output",
+        "checkpoint_dir": base / "checkpoints",
+        "cache_dir": default_cache_dir(os.environ if environ is None else environ, home or Path.home()),
     }
     out = {
-        key: Path(getattr(config, key)) if getattr(config, key) else base / sub
-        for key, sub in defaults.items()
+        key: Path(getattr(config, key)) if getattr(config, key) else path for key, path in defaults.items()
     }
     if config.tensorboard_dir:
         out["tensorboard_dir"] = Path(config.tensorboard_dir)

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ DEFAULT_BASE_DIR = Path("/opt/ml")
 TRAIN_CHANNELS = ("training", "train")
 VAL_CHANNELS = ("validation", "val")
 FAILURE_REASON_CHARS = 1024
+WARMPOOL_CACHE_ENV = "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY"
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
@@ -65,6 +67,10 @@ class SageMakerEnv:
     network_interface: str = "eth0"
     on_sagemaker: bool = False
     """True when a resource config exists (the toolkit, SageMaker, local mode or our local stand-in)."""
+    warmpool_cache_dir: Path | None = None
+    """$SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY: kept between jobs on a warm pool; None without one."""
+    local_tmp_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
+    """This host's temporary folder: the cache folder's parent without a warm pool."""
 
     @property
     def node_rank(self) -> int:
@@ -86,8 +92,12 @@ class SageMakerEnv:
 
     @property
     def cache_dir(self) -> Path:
-        """Label caches: never inside a (read-only) channel mount."""
-        return self.intermediate_dir / "cache"
+        """Label caches, the embedded dataset and the rebased data.yaml: the warm-pool cache when the job
+        has one (a job restarted on a warm pool then skips the label scan), else a local folder. Never a
+        channel, and never under output/ (SageMaker uploads output/intermediate while the job runs)."""
+        if self.warmpool_cache_dir is not None:
+            return self.warmpool_cache_dir / "yolov5-smddp"
+        return self.local_tmp_dir / "yolov5-smddp-cache"
 
 
 def _read_json(path: Path) -> object | None:
@@ -211,6 +221,7 @@ def read_environment(
         or resource.get("network_interface_name")
         or "eth0",
         on_sagemaker=bool(resource) or "SM_HOSTS" in environ,
+        warmpool_cache_dir=Path(environ[WARMPOOL_CACHE_ENV]) if environ.get(WARMPOOL_CACHE_ENV) else None,
     )
 
 
@@ -438,8 +449,8 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
 
     With a `training`/`train` channel: `data` (default data.yaml) is relative to the channel, its `path`
     is replaced by the channel folder, and a `validation`/`val` channel replaces `val`. The rebased copy is
-    written under the intermediate folder (channels are read-only). Without a channel, `data` is used as
-    given. Raises DataError naming the channel for a missing or invalid data.yaml.
+    written to the cache folder (channels are read-only; output/ is uploaded). Without a channel, `data`
+    is used as given. Raises DataError naming the channel for a missing or invalid data.yaml.
     """
     import yaml
 
@@ -477,7 +488,7 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     }
     if config.test:
         rebased["test"] = [str(p) for p in config.test]
-    out = env.intermediate_dir / "data" / "data.yaml"
+    out = env.cache_dir / "data" / "data.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"data.yaml.{os.getpid()}.tmp")
     tmp.write_text(yaml.safe_dump(rebased, sort_keys=False))
@@ -486,10 +497,10 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     return out
 
 
-def check_dataset(data_yaml: Path, env: SageMakerEnv) -> None:
-    """Scan train and val labels once before any worker starts (stale/foreign caches are reported and
-    ignored, our cache is written under the intermediate folder). Raises DataError when a split has no
-    usable image; the message names the folder."""
+def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pixels: int) -> None:
+    """Scan train and val labels once before any worker starts, as the workers will (stale/foreign caches
+    are reported and ignored, our cache is written to `cache_dir`, so the workers load it). Raises
+    DataError when a split has no usable image; the message names the folder."""
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.labels import build_label_index
 
@@ -500,8 +511,9 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv) -> None:
             nc=config.nc,
             root=config.root,
             cache_policy="rebuild",
-            cache_dir=env.cache_dir,
+            cache_dir=cache_dir,
             workers=min(env.num_cpus, 16),
+            max_pixels=max_pixels,
         )
         r = index.report
         log.info(
@@ -517,8 +529,6 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv) -> None:
             r.boxes,
             r.cache,
         )
-        for message in r.messages[:20]:
-            log.warning("dataset %s: %s", split, message)
 
 
 def _local_gpu_count(env: SageMakerEnv) -> int:
@@ -559,7 +569,8 @@ def run_job(
     )
     data_yaml = prepare_data_yaml(env, config.data)
     if data_yaml is not None and plan.local_rank == 0:
-        check_dataset(data_yaml, env)
+        cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
+        check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
     worker_args = list(train_args) + location_args(env, train_args)
     if data_yaml is not None:
         worker_args += ["--data", str(data_yaml)]

@@ -59,7 +59,6 @@ RESULT_COLUMNS = (
     "data_wait",
     "epoch_seconds",
 )
-DEFAULT_DATASET_NAME = "default-dataset"
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -119,14 +118,17 @@ def accumulation(global_batch: int) -> int:
 
 
 def default_dataset(cache_dir: Path) -> Path:
-    """The embedded dataset under `cache_dir`: generated once, in a temporary folder renamed into place,
-    so concurrent ranks never see a half-written dataset (the first rename wins; it is deterministic)."""
-    from yolov5_smddp.data.synthetic import make_default_dataset
+    """The embedded dataset under `cache_dir` (never an output folder: SageMaker would upload it):
+    generated once, in a temporary folder renamed into place, so concurrent ranks never see a
+    half-written dataset (the first rename wins; it is deterministic). The folder name carries the
+    generator's version, so a cache kept between jobs (warm pool) never serves an older dataset."""
+    from yolov5_smddp.data.synthetic import DATASET_VERSION, make_default_dataset
 
-    final = cache_dir / DEFAULT_DATASET_NAME
+    name = f"default-dataset-v{DATASET_VERSION}"
+    final = cache_dir / name
     if not (final / "data.yaml").is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_DATASET_NAME}.", dir=cache_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir))
         make_default_dataset(tmp)
         try:
             os.rename(tmp, final)
@@ -151,18 +153,25 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
     data = load_data_config(data_yaml)
     workers = max(1, min(os.cpu_count() or 1, 16))
-    train_index = build_label_index(
-        data.train, nc=data.nc, root=data.root, cache_dir=cache_dir, workers=workers
-    )
-    val_index = build_label_index(data.val, nc=data.nc, root=data.root, cache_dir=cache_dir, workers=workers)
+    scan = {
+        "nc": data.nc,
+        "root": data.root,
+        "cache_dir": cache_dir,
+        "workers": workers,
+        "max_pixels": config.max_image_pixels,
+    }
+    train_index = build_label_index(data.train, **scan)
+    val_index = build_label_index(data.val, **scan)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
 
 def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: int, info, stride: int):
-    """Train loader for this rank; val loader on rank 0 only (None elsewhere)."""
+    """Train loader for this rank; val loader on rank 0 only (None elsewhere). DataError when the
+    training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
+    from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
 
+    check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
     train_set = YoloDataset(
         bundle.train_index,

@@ -29,6 +29,8 @@ def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: 
     assert (root / "model" / "best.pt").is_file()
     assert (root / "output" / "success").is_file() and not (root / "output" / "failure").exists()
     assert (root / "output" / "data" / "results.csv").is_file()
+    # caches, the rebased data.yaml: nothing under output/intermediate, which SageMaker uploads
+    assert not [p for p in (root / "output" / "intermediate").rglob("*") if p.is_file()]
 
 
 def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_path: Path, engine: Engine):
@@ -59,6 +61,20 @@ def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path, engin
     assert "/opt/ml/input/data/training/images/train2017" in first and "'train'" in first
     assert "Traceback" in run.log  # the full traceback is in the log
     assert not (root / "model" / "best.pt").exists()
+
+
+def test_a_full_dev_shm_ends_the_job_with_the_explanation(image: str, tmp_path: Path, engine: Engine):
+    """A 1 MiB /dev/shm cannot carry one 8 x 3 x 256 x 256 batch from a loader worker: the job stops with
+    the reason (workers, /dev/shm size, memory) first in the failure file, not a bare traceback."""
+    output = tmp_path / "output"
+    output.mkdir()
+    hps = {**TINY_HPS, "imgsz": "256", "workers": "2"}
+    args = [w for k, v in hps.items() for w in (f"--{k}", v)]
+    run = engine.run(image, ["train", *args], shm_size="1m", mounts=[bind(output, "/opt/ml/output")])
+    assert run.code != 0
+    first = (output / "failure").read_text().splitlines()[0]
+    assert "a DataLoader worker of rank 0 failed: " in first, first
+    assert "/dev/shm: 1.0 MiB total" in first and "--workers" in first and "Memory: " in first
 
 
 def test_unknown_hyperparameter_stops_the_job_before_any_work(image: str, tmp_path: Path, engine: Engine):

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from yolov5_smddp.config import TrainConfig, load_hyp, parse_train_args, plan_batch, resolve_output_dirs
@@ -35,6 +37,8 @@ def test_json_ish_values():
         "mosaic": 0.0,
     }
     assert parse_train_args(["--optimizer", "adamw"]).optimizer == "AdamW"
+    assert parse_train_args([]).max_image_pixels == 2**27
+    assert parse_train_args(["--max_image_pixels", "1000000"]).max_image_pixels == 1_000_000
 
 
 @pytest.mark.parametrize(
@@ -49,6 +53,8 @@ def test_json_ish_values():
         (["--hyp-override", "warp=1"], "warp"),
         (["--cache", "disk"], "--cache"),
         (["--log-every", "0"], "--log-every"),
+        (["--max-image-pixels", "0"], "--max-image-pixels"),
+        (["--max_image_pixels", "1e8"], "max_image_pixels"),
     ],
 )
 def test_bad_values_name_the_option(argv, needle):
@@ -98,8 +104,14 @@ def test_config_is_kw_only_and_serialisable(tmp_path):
         TrainConfig("data.yaml")  # type: ignore[misc]
     d = TrainConfig(epochs=2).to_dict()
     assert d["epochs"] == 2 and d["freeze"] == []
-    dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path)
+    dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path, {}, Path("/home/me"))
     assert (
         str(dirs["model_dir"]) == "/m"
         and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"
     )
+    # caches: the user's cache folder, never the run folder nor a dataset
+    assert dirs["cache_dir"] == Path("/home/me/.cache/yolov5-smddp")
+    xdg = resolve_output_dirs(TrainConfig(), tmp_path, {"XDG_CACHE_HOME": "/xdg"}, Path("/home/me"))
+    assert xdg["cache_dir"] == Path("/xdg/yolov5-smddp")
+    given = resolve_output_dirs(TrainConfig(cache_dir="/c"), tmp_path, {"XDG_CACHE_HOME": "/xdg"})
+    assert given["cache_dir"] == Path("/c")

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from datatree import watch
 
 from yolov5_smddp.boxes import scale_boxes
 from yolov5_smddp.data.augment import (
@@ -40,7 +41,10 @@ def _dataset(root: Path, sizes=((60, 80), (80, 50), (64, 64), (45, 90))):
         label = root / "labels" / f"{i}.txt"
         label.parent.mkdir(parents=True, exist_ok=True)
         label.write_text(f"{i} {(x1 + bw / 2) / w} {(y1 + bh / 2) / h} {bw / w} {bh / h}\n")
-    return build_label_index([root / "images"], nc=4, root=root, cache_dir=root / "c", workers=1)
+    watch(root)
+    return build_label_index(
+        [root / "images"], nc=4, root=root, cache_dir=root.parent / f"{root.name}-cache", workers=1
+    )
 
 
 def _check_enclosed(img_chw: np.ndarray, targets: np.ndarray) -> int:
@@ -170,7 +174,14 @@ def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):
     cv2.imwrite(str(tmp_path / "images" / "big.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
     (tmp_path / "labels").mkdir()
     (tmp_path / "labels" / "big.txt").write_text(f"1 {180 / 400} {130 / 300} {160 / 400} {140 / 300}\n")
-    index = build_label_index([tmp_path / "images"], nc=4, root=tmp_path, cache_dir=tmp_path / "c", workers=1)
+    watch(tmp_path)
+    index = build_label_index(
+        [tmp_path / "images"],
+        nc=4,
+        root=tmp_path,
+        cache_dir=tmp_path.parent / f"{tmp_path.name}-cache",
+        workers=1,
+    )
     ds = YoloDataset(index, 96, augment=False, hyp=None)  # 400 px >= 4 x 96: a 1/4-scale JPEG decode
     out, targets, _path, ((h0, w0), ((gain_h, gain_w), pad)) = ds[0]
     assert out.shape == (3, 96, 96) and (h0, w0) == (300, 400)

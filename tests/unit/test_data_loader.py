@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from datatree import watch
 
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
@@ -69,7 +70,9 @@ def test_collate_uint8_and_image_index():
 def small_index(tmp_path_factory):
     root = tmp_path_factory.mktemp("syn")
     make_default_dataset(root, n_train=12, n_val=0, imgsz=96)
-    return build_label_index([root / "images" / "train"], nc=3, root=root, cache_dir=root / "c", workers=1)
+    watch(root, persistent=True)
+    cache = tmp_path_factory.mktemp("cache")
+    return build_label_index([root / "images" / "train"], nc=3, root=root, cache_dir=cache, workers=1)
 
 
 def _batches(index, seed, workers, rank=0, world=1, cache=None):

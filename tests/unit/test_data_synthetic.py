@@ -4,6 +4,7 @@ import hashlib
 
 import numpy as np
 import pytest
+from datatree import watch
 
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.labels import build_label_index
@@ -22,7 +23,7 @@ def test_deterministic_and_loads(tmp_path):
     y1 = make_default_dataset(tmp_path / "a", n_train=6, n_val=2, imgsz=128, seed=5)
     make_default_dataset(tmp_path / "b", n_train=6, n_val=2, imgsz=128, seed=5)
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
-    cfg = load_data_config(y1)
+    cfg = load_data_config(watch(y1.parent) / "data.yaml")
     assert cfg.names == list(CLASS_NAMES)
     index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=tmp_path / "c")
     assert index.report.usable == 6 and index.report.bad == 0 and index.report.boxes >= 6
@@ -40,8 +41,8 @@ def test_drawn_object_box_is_tight(cls):
 
 
 def test_labels_are_normalised_boxes_of_every_class(tmp_path):
-    yaml_path = make_default_dataset(tmp_path, n_train=10, n_val=0, imgsz=160, seed=2)
-    cfg = load_data_config(yaml_path)
+    yaml_path = make_default_dataset(tmp_path / "d", n_train=10, n_val=0, imgsz=160, seed=2)
+    cfg = load_data_config(watch(yaml_path.parent) / "data.yaml")
     index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=tmp_path / "c")
     labels = np.concatenate(index.labels)
     assert set(labels[:, 0].astype(int)) == {0, 1, 2}

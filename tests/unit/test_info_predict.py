@@ -142,7 +142,7 @@ def test_predict_errors_are_clear(tmp_path, weights, capsys):
         )
         == 2
     )
-    assert "broken.jpg: cannot be read" in capsys.readouterr().err
+    assert f"no image could be used (first: {broken}: corrupt JPEG (truncated" in capsys.readouterr().err
     bare = tmp_path / "bare.pt"
     torch.save({"model.0.conv.weight": torch.zeros(1)}, bare)
     cv2.imwrite(str(tmp_path / "ok.png"), np.zeros((32, 32, 3), np.uint8))
@@ -155,3 +155,7 @@ def test_predict_errors_are_clear(tmp_path, weights, capsys):
         main(["predict", "--weights", str(weights), "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
     )
     assert "is the source folder" in capsys.readouterr().err
+    inside = ["--out", str(tmp_path / "preds")]
+    assert main(["predict", "--weights", str(weights), "--source", str(tmp_path), *inside]) == 2
+    assert "is inside the source folder" in capsys.readouterr().err
+    assert not (tmp_path / "preds").exists()

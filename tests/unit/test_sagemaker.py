@@ -1,6 +1,7 @@
 """The SageMaker contract module against fake /opt/ml trees (SAGEMAKER_BASE_DIR) and SM_* dicts."""
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,24 @@ def test_output_root_moves_all_outputs(tmp_path):
     assert env.output_data_dir == tmp_path / "run" / "output" / "data"
     assert env.checkpoint_dir == tmp_path / "run" / "checkpoints"
     assert env.failure_file == tmp_path / "run" / "output" / "failure"
-    assert env.cache_dir == tmp_path / "run" / "output" / "intermediate" / "cache"
+    assert env.cache_dir == Path(tempfile.gettempdir()) / "yolov5-smddp-cache"  # not an output
+
+
+def test_cache_folder_is_the_warm_pool_cache_else_local_never_an_upload(tmp_path):
+    plain = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="h")
+    assert plain.warmpool_cache_dir is None
+    assert plain.cache_dir == Path(tempfile.gettempdir()) / "yolov5-smddp-cache"
+    warm = read_environment(
+        {
+            "SAGEMAKER_BASE_DIR": str(tmp_path),
+            "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY": "/opt/ml/sagemaker/warmpoolcache",
+        },
+        hostname="h",
+    )
+    assert warm.cache_dir == Path("/opt/ml/sagemaker/warmpoolcache/yolov5-smddp")
+    for env in (plain, warm):
+        assert not env.cache_dir.is_relative_to(env.output_dir)
+        assert "--cache-dir" in location_args(env, []) and str(env.cache_dir) in location_args(env, [])
 
 
 def test_bad_json_and_unknown_host_are_config_errors(tmp_path):
@@ -190,9 +208,15 @@ def test_prepare_data_yaml_rebases_onto_the_channel(tmp_path):
     base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1", channels=("training", "val"))
     channel = base / "input" / "data" / "training"
     _write_dataset(channel)
-    env = read_environment({"SAGEMAKER_BASE_DIR": str(base)})
+    env = read_environment(
+        {
+            "SAGEMAKER_BASE_DIR": str(base),
+            "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY": str(tmp_path / "warm"),
+        }
+    )
     out = prepare_data_yaml(env, None)
-    assert out == base / "output" / "intermediate" / "data" / "data.yaml"
+    assert out == tmp_path / "warm" / "yolov5-smddp" / "data" / "data.yaml"
+    assert not (base / "output").exists()  # nothing for SageMaker to upload
     import yaml
 
     rebased = yaml.safe_load(out.read_text())

@@ -165,7 +165,7 @@ def test_default_dataset_is_generated_once_into_place(tmp_path):
     from yolov5_smddp.trainer import default_dataset
 
     first = default_dataset(tmp_path)
-    assert first == tmp_path / "default-dataset" / "data.yaml" and first.is_file()
+    assert first == tmp_path / "default-dataset-v1" / "data.yaml" and first.is_file()
     stamp = first.stat().st_mtime_ns
     assert default_dataset(tmp_path) == first and first.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == ["default-dataset"]  # no temporary folder left
+    assert [p.name for p in tmp_path.iterdir()] == ["default-dataset-v1"]  # no temporary folder left

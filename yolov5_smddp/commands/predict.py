@@ -1,5 +1,8 @@
 """`yolov5-smddp predict`: detect objects in images; per image a JSON file (boxes in original-image
-pixels) and an annotated copy, written to --out."""
+pixels) and an annotated copy, written to --out (never inside the source folder).
+
+An image that cannot be decoded, or whose header claims more than --max-image-pixels, is skipped with
+one "skipped: <path>: <why>" line and the others are processed; it fails only when none is usable."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -29,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--max-image-pixels",
+        "--max_image_pixels",
+        dest="max_image_pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="skip images whose header claims more pixels (default 2^27; see `train --help`)",
+    )
 
 
 def find_images(source: Path) -> list[Path]:
@@ -106,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     import cv2
     import torch
 
+    from yolov5_smddp.data.imageinfo import ImageProblem, decode_checked
     from yolov5_smddp.data.letterbox import letterbox
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.postprocess import non_max_suppression
@@ -115,19 +128,26 @@ def run(args: argparse.Namespace) -> int:
     if not (0 <= args.conf <= 1 and 0 <= args.iou <= 1):
         raise ConfigError(f"--conf {args.conf} / --iou {args.iou}: must lie in [0, 1]")
     images = find_images(args.source)
-    source_dir = args.source if args.source.is_dir() else args.source.parent
-    if args.out.resolve() == source_dir.resolve():
+    out, source = args.out.resolve(), args.source.resolve()
+    folder = source if source.is_dir() else source.parent
+    # nor inside a source folder: a later recursive scan of it would take our outputs for data
+    if out == folder or (source.is_dir() and out.is_relative_to(source)):
+        what = "is" if out == folder else "is inside"
         raise ConfigError(
-            f"--out {args.out}: is the source folder; choose another so the inputs stay untouched"
+            f"--out {args.out}: {what} the source folder; choose another so the inputs stay untouched"
         )
     device = _device(args.device)
     model = load_model(args.weights, device).fuse()
     args.out.mkdir(parents=True, exist_ok=True)
 
+    skipped: list[str] = []
     for path, stem in zip(images, output_stems(images)):
-        original = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if original is None:
-            raise DataError(f"image {path}: cannot be read (missing, corrupt or not an image)")
+        try:
+            original = decode_checked(path, args.max_image_pixels)
+        except ImageProblem as exc:
+            skipped.append(f"{path}: {exc}")
+            log.warning("skipped: %s", skipped[-1])
+            continue
         h0, w0 = original.shape[:2]
         padded, ratio, pad = letterbox(cv2.cvtColor(original, cv2.COLOR_BGR2RGB), args.imgsz, auto=False)
         x = torch.from_numpy(padded).permute(2, 0, 1)[None].to(device)  # uint8 [1, 3, H, W] RGB
@@ -140,5 +160,12 @@ def run(args: argparse.Namespace) -> int:
         (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         cv2.imwrite(str(args.out / f"{stem}.jpg"), _annotate(original, records))
         log.info("%s: %d detections", path, len(records))
-    log.info("wrote %d JSON files and annotated images to %s", len(images), args.out)
+    if len(skipped) == len(images):
+        raise DataError(f"--source {args.source}: no image could be used (first: {skipped[0]})")
+    log.info(
+        "wrote %d JSON files and annotated images to %s; %d image(s) skipped",
+        len(images) - len(skipped),
+        args.out,
+        len(skipped),
+    )
     return 0

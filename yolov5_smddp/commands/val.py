@@ -3,13 +3,22 @@
 Prints one metric line (precision, recall, mAP50, mAP50-95). With --save-json it also writes the
 detections (`predictions.json`) and the ground truth (`ground_truth.json`) in COCO format, in original
 image pixels, and scores them with pycocotools when it is installed (maxDets 300 to match our max_det).
+
+Images the label scan rejects (bad image or label files, over --max-image-pixels) and images that fail
+to decode during validation are left out and named ("skipped: <path>: <why>"); the metric line says how
+many (`skipped=`), so the number of scored images is never changed silently.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
+
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,13 +48,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache_dir",
         dest="cache_dir",
         default=None,
-        help="label cache folder for read-only datasets",
+        help="label cache folder (default $XDG_CACHE_HOME/yolov5-smddp, else ~/.cache/yolov5-smddp); "
+        "nothing is ever written under the dataset",
+    )
+    parser.add_argument(
+        "--max-image-pixels",
+        "--max_image_pixels",
+        dest="max_image_pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="skip images whose header claims more pixels (default 2^27; see `train --help`)",
     )
 
 
-def _coco_ground_truth(index) -> dict:
+def _coco_ground_truth(index, scored: set[str]) -> dict:
+    """COCO ground truth of the `scored` images of `index` (ids = positions in the index)."""
     images, annotations = [], []
     for image_id, (path, (h, w), labels) in enumerate(zip(index.images, index.shapes, index.labels)):
+        if str(path) not in scored:
+            continue
         images.append({"id": image_id, "file_name": str(path), "height": int(h), "width": int(w)})
         for cls, xc, yc, bw, bh in labels.tolist():
             box = [(xc - bw / 2) * w, (yc - bh / 2) * h, bw * w, bh * h]
@@ -113,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         root=data.root,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
         workers=args.workers or 1,
+        max_pixels=args.max_image_pixels,
     )
     model = load_model(args.weights, device=device).eval()
     if model.nc != data.nc:
@@ -139,8 +161,10 @@ def run(args: argparse.Namespace) -> int:
     )
     image_ids = {str(p): i for i, p in enumerate(index.images)}
     detections_json: list[dict] = []
+    scored: set[str] = set()
 
     def collect(path: str, dets) -> None:
+        scored.add(path)
         for (x1, y1, x2, y2), score, cls in zip(
             dets[:, :4].tolist(), dets[:, 4].tolist(), dets[:, 5].tolist()
         ):
@@ -163,12 +187,25 @@ def run(args: argparse.Namespace) -> int:
         max_det=args.max_det,
         on_image=collect if args.save_json else None,
     )
-    emit(metric_line(images=metrics.num_images, targets=metrics.num_targets, **metrics.to_dict()), main=True)
+    skipped = index.report.bad + dataset.undecodable_samples.value
+    if skipped:
+        log.warning(
+            "val: %d of %d images skipped (named in the 'skipped:' lines above); the metrics cover %d",
+            skipped,
+            index.report.found,
+            metrics.num_images,
+        )
+    emit(
+        metric_line(
+            images=metrics.num_images, skipped=skipped, targets=metrics.num_targets, **metrics.to_dict()
+        ),
+        main=True,
+    )
     if args.save_json:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         gt_path = out / "ground_truth.json"
-        gt = _coco_ground_truth(index)
+        gt = _coco_ground_truth(index, scored)
         gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(data.names)]
         gt_path.write_text(json.dumps(gt), encoding="utf-8")
         (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")

@@ -1,9 +1,13 @@
 """Our label cache, and the release's foreign one.
 
-Ours is an NPZ of plain arrays (no object arrays; read with allow_pickle=False). Paths in it are
-RELATIVE to the dataset root, so a cache built on a laptop stays valid when the data is mounted
-elsewhere. It is valid only when the format version, the relative image paths, every image's size in
-bytes and a content hash of every label file all match; anything else rejects it with one reason.
+Ours is an NPZ of plain arrays (no object arrays; read with allow_pickle=False) and lives ONLY in the
+cache folder (`default_cache_dir()` or --cache-dir; never under a dataset). Paths in it are RELATIVE to
+the dataset root and its file name is keyed by content, `yolov5-smddp-<sources>-<content>.labelcache.npz`:
+<sources> digests the image sources relative to the root, <content> the relative image paths, every
+image's size in bytes, a hash of every label file, the class count, the pixel limit and the format
+version. So a cache built on a laptop is found again when the data is mounted elsewhere, two datasets
+never share a file, and an edited dataset gets a new file (the one it replaces is reported as stale and
+removed when it was built for the same root). A loaded cache is still checked against the files.
 
 Concurrency: a cache is written to a unique temporary file in the target folder and moved into place
 with os.replace, which is atomic on POSIX file systems. Several ranks or nodes building at once each
@@ -21,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +35,9 @@ from numpy.lib import format as npy_format
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM
 CACHE_SUFFIX = ".labelcache.npz"
+CACHE_FOLDER_NAME = "yolov5-smddp"
 _META_KEY = "meta"
 
 
@@ -135,15 +141,48 @@ def load_cache(path: Path) -> ScanTable:
         raise CacheRejected(f"unreadable ({type(exc).__name__}: {exc})") from None
 
 
-def cache_file_name(rel_sources: list[str], salt: str = "") -> str:
-    """A file name from the sources relative to the root (so it survives relocation) plus `salt`
-    (the absolute root for the machine-local cache folder, where unrelated datasets meet)."""
-    digest = hashlib.blake2b("\n".join([salt, *rel_sources]).encode(), digest_size=6).hexdigest()
-    return f"yolov5-smddp-{digest}{CACHE_SUFFIX}"
+def default_cache_dir(environ: Mapping[str, str], home: Path) -> Path:
+    """The host's cache folder: $XDG_CACHE_HOME/yolov5-smddp when XDG_CACHE_HOME is an absolute path
+    (the XDG rule: a relative one is ignored), else <home>/.cache/yolov5-smddp."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else home / ".cache"
+    return base / CACHE_FOLDER_NAME
 
 
-def is_writable_dir(folder: Path) -> bool:
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+def sources_digest(rel_sources: list[str]) -> str:
+    """12 hex digits naming a dataset split by its sources relative to the root (survives relocation)."""
+    return hashlib.blake2b("\n".join(rel_sources).encode(), digest_size=6).hexdigest()
+
+
+def content_digest(
+    images: list[str], image_bytes: np.ndarray, label_hashes: list[str], *, nc: int, max_pixels: int
+) -> str:
+    """16 hex digits over everything a scan result depends on (see the module docstring)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"v{CACHE_VERSION} nc={nc} max_pixels={max_pixels}\n".encode())
+    h.update("\n".join(images).encode())
+    h.update(np.ascontiguousarray(image_bytes, dtype="<i8").tobytes())
+    h.update("\n".join(label_hashes).encode())
+    return h.hexdigest()
+
+
+def cache_file_name(sources: str, content: str) -> str:
+    return f"yolov5-smddp-{sources}-{content}{CACHE_SUFFIX}"
+
+
+def sibling_caches(folder: Path, sources: str, *, exclude: Path) -> list[Path]:
+    """Our other caches in `folder` for the same sources (older contents, or another dataset laid out
+    the same way), excluding `exclude`."""
+    return sorted(p for p in folder.glob(cache_file_name(sources, "*")) if p != exclude)
+
+
+def built_under(path: Path) -> str | None:
+    """The absolute root a cache of ours was built under, None when it is unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return json.loads(str(npz[_META_KEY])).get("built_under")
+    except (OSError, ValueError, KeyError, AttributeError, json.JSONDecodeError):
+        return None
 
 
 def describe_foreign_cache(path: Path) -> str:

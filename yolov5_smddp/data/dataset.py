@@ -13,13 +13,24 @@ Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
 - RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
   pages copy-on-write); under DDP each rank holds only its shard, so a node holds the dataset once.
+
+An image that passed the label scan but cannot be decoded now (corrupt data after a valid header, a
+file changed since the scan) never stops a job. It is logged once per file and process ("skipped:
+<path>: <why>") and remembered; in training the item's deterministic substitute (`substitute`: the
+next decodable index, within the same rectangular batch) takes its place, and when it was a mosaic
+partner or a mixup image the sample is drawn again; in validation (augment=False) the item is a
+`Skipped` marker that `loader.collate` leaves out, so the metrics cover one image fewer and the loader
+says so. `undecodable_samples` counts these events over all worker processes.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import multiprocessing
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -34,9 +45,12 @@ from yolov5_smddp.data.augment import (
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
+from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.labels import LabelIndex
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.errors import DataError
+
+log = logging.getLogger(__name__)
 
 CACHE_MODES = (None, "ram")
 PARTNER_MODES = ("recent", "random")
@@ -46,6 +60,22 @@ _REDUCED_FLAGS = (
     (2, cv2.IMREAD_REDUCED_COLOR_2),
 )
 _MIN_POOL_FOR_PARTNERS = 4
+_MAX_DRAWS = 64  # attempts at one training sample when its images keep failing to decode
+
+
+class UndecodableImage(Exception):
+    """Image `index` of the dataset cannot be decoded (`reason`); raised by `_decode_resized`."""
+
+    def __init__(self, index: int, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.index, self.path, self.reason = index, path, reason
+
+
+class Skipped(NamedTuple):
+    """A validation item whose image cannot be decoded; `loader.collate` leaves it out of the batch."""
+
+    path: str
+    reason: str
 
 
 def rect_batch_shapes(
@@ -115,6 +145,8 @@ class YoloDataset:
             self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
         self._ram: dict[int, np.ndarray] = {}
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
+        self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
 
     def __len__(self) -> int:
         return len(self.images)
@@ -129,11 +161,17 @@ class YoloDataset:
             return
         for i in indices:
             if i not in self._ram:
-                self._ram[i] = self._decode_resized(i)
+                try:
+                    self._ram[i] = self._decode_resized(i)
+                except UndecodableImage:
+                    pass  # logged; __getitem__ replaces or skips it
 
     def _decode_resized(self, i: int) -> np.ndarray:
-        """BGR uint8 [h, w, 3] with the long side resized to img_size."""
+        """BGR uint8 [h, w, 3] with the long side resized to img_size. Raises UndecodableImage (logged
+        the first time; later calls for the same index raise at once, without decoding)."""
         path = self.images[i]
+        if i in self._undecodable:
+            raise UndecodableImage(i, path, self._undecodable[i])
         h0, w0 = (int(v) for v in self.shapes[i])
         long_side = max(h0, w0)
         flag = cv2.IMREAD_COLOR
@@ -141,11 +179,13 @@ class YoloDataset:
             if long_side >= factor * self.img_size and path.suffix.lower() in (".jpg", ".jpeg"):
                 flag = reduced
                 break
-        img = cv2.imread(str(path), flag)
-        if img is None:
-            raise DataError(
-                f"{path}: cannot be decoded any more (it was readable when the labels were scanned)"
-            )
+        try:
+            img = decode_image(path, flag)
+        except ImageProblem as exc:
+            self._undecodable[i] = f"{exc} (it passed the label scan)"
+            then = "another image takes its place" if self.augment else "left out of the validation metrics"
+            log.warning("skipped: %s: %s; %s", path, self._undecodable[i], then)
+            raise UndecodableImage(i, path, self._undecodable[i]) from None
         r = self.img_size / long_side
         new_wh = (max(round(w0 * r), 1), max(round(h0 * r), 1))
         if (img.shape[1], img.shape[0]) != new_wh:
@@ -186,7 +226,42 @@ class YoloDataset:
             tiles.append((img, self._pixel_labels(j, img)))
         return mosaic(tiles, self.img_size, self.params, self.rng)
 
+    def substitute(self, i: int) -> int:
+        """The index standing in for undecodable item i: the next index, cyclically, not known to be
+        undecodable; within i's batch with rectangular batches (its items share one shape)."""
+        lo, n = 0, len(self)
+        if self.rect:
+            lo = i // self.batch_size * self.batch_size
+            n = min(self.batch_size, len(self) - lo)
+        for step in range(1, n):
+            j = lo + (i - lo + step) % n
+            if j not in self._undecodable:
+                return j
+        scope = f"batch {i // self.batch_size} (rect)" if self.rect else "the dataset"
+        raise DataError(f"no image of {scope} can be decoded (last: {self.images[i]})")
+
     def __getitem__(self, i: int):
+        """Item i (see the module docstring); its undecodable images are replaced (training) or make a
+        `Skipped` marker (validation)."""
+        last = ""
+        for _ in range(_MAX_DRAWS):
+            try:
+                return self._item(i)
+            except UndecodableImage as exc:
+                last = str(exc.path)
+                with self.undecodable_samples.get_lock():
+                    self.undecodable_samples.value += 1
+                if not self.augment:
+                    return Skipped(str(exc.path), exc.reason)
+                if exc.index == i:
+                    i = self.substitute(i)
+                # else a mosaic partner or the mixup image failed: the next draw picks others
+        raise DataError(
+            f"{_MAX_DRAWS} draws in a row for one training sample hit undecodable images "
+            f"(last: {last}); see the 'skipped:' lines above"
+        )
+
+    def _item(self, i: int):
         p = self.params
         h0, w0 = (int(v) for v in self.shapes[i])
         use_mosaic = self.augment and not self.rect and self.rng.random() < p.mosaic

@@ -1,26 +1,53 @@
-"""Image size and a cheap integrity check without a full decode.
+"""Image size from the file header, a cheap integrity check, and the pixel limit.
 
-JPEG: the frame size from the first SOF marker, the EXIF orientation (OpenCV's imread rotates by it, so
-sizes here are as decoded), and the end-of-image marker (a truncated file lacks it). PNG: the IHDR chunk
-and the IEND chunk at the end. Other formats fall back to a full cv2 decode.
+Headers read: JPEG (the first SOF marker, the EXIF orientation — OpenCV's imread rotates by it, so
+sizes here are as decoded — and the end-of-image marker, which a truncated file lacks), PNG (IHDR, and
+IEND at the end), BMP, TIFF (the first image directory), WebP (VP8, VP8L, VP8X) and PFM.
+
+The size a header claims is checked against a pixel limit BEFORE anything is decoded: a PNG of a few KB
+can claim 40000 x 40000 pixels (4.8 GB as BGR), and OpenCV itself refuses only above 2^30 pixels, with
+an exception. JPEG and PNG are not decoded here; other formats are decoded once, after the limit check,
+to verify them (a file whose header is not understood is decoded under OpenCV's own limit).
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from yolov5_smddp.data.decode import ImageProblem, decode_image
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MIN_SIDE = 10
-"""Images with a side shorter than this many pixels are rejected."""
+"""Images with a side shorter than this many pixels are rejected by the label scan."""
+DEFAULT_MAX_PIXELS = 2**27
+"""134,217,728 pixels (e.g. 16384 x 8192): 384 MiB as a decoded BGR array, which every loader worker of
+every rank may hold at once. Larger photos than this are rare in detection datasets (a 100 MP camera
+frame passes; PIL's own bomb limit is 178,956,970), and OpenCV's hard limit is 2^30."""
 
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*")
 _FIRST_READ = 4096
 _HEAD_BYTES = 64 * 1024
+_TIFF_WIDTH, _TIFF_LENGTH = 256, 257
+_TIFF_MAX_ENTRIES = 4096
+_NOT_DECODED = ("jpeg", "png")  # formats whose header checks stand in for a decode
 
 
-class ImageProblem(Exception):
-    """An image that cannot be used; the message is the reason."""
+@dataclass(frozen=True)
+class ImageHeader:
+    """What the first bytes of a file say, without decoding it."""
+
+    format: str
+    """"jpeg", "png", "bmp", "tiff", "webp", "pfm", or "" when not recognised."""
+    shape: tuple[int, int] | None
+    """(h, w) the header claims (EXIF-rotated for JPEG); None when it cannot be read from the header."""
+    size_bytes: int
 
 
 def _exif_orientation(app1: bytes) -> int:
@@ -71,18 +98,88 @@ def _jpeg_size(head: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _decode_size(path: Path) -> tuple[int, int]:
-    import cv2
+def _png_size(head: bytes, tail: bytes) -> tuple[int, int]:
+    if b"IEND" not in tail:
+        raise ImageProblem("corrupt PNG (truncated: no IEND chunk)")
+    if head[12:16] != b"IHDR" or len(head) < 24:
+        raise ImageProblem("corrupt PNG (no IHDR chunk)")
+    w, h = struct.unpack(">II", head[16:24])
+    return h, w
 
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    if img is None:
-        raise ImageProblem("unreadable image (OpenCV cannot decode it)")
-    return int(img.shape[0]), int(img.shape[1])
+
+def _bmp_size(head: bytes) -> tuple[int, int]:
+    (dib_size,) = struct.unpack("<I", head[14:18])
+    if dib_size == 12:  # OS/2 BITMAPCOREHEADER: 16-bit sides
+        w, h = struct.unpack("<HH", head[18:22])
+    else:
+        w, h = struct.unpack("<ii", head[18:26])  # negative height: rows stored top-down
+    return abs(h), abs(w)
 
 
-def read_image_info(path: Path) -> tuple[tuple[int, int], int]:
-    """((h, w) as decoded, size in bytes). Raises ImageProblem with the reason when unusable."""
-    shape: tuple[int, int] | None = None
+def _tiff_size(f: BinaryIO, head: bytes) -> tuple[int, int] | None:
+    """(h, w) of the first image directory (classic TIFF); None when a side tag is missing."""
+    endian = "<" if head[:2] == b"II" else ">"
+    (offset,) = struct.unpack(endian + "I", head[4:8])
+    f.seek(offset)
+    (count,) = struct.unpack(endian + "H", f.read(2))
+    entries = f.read(12 * min(count, _TIFF_MAX_ENTRIES))
+    sides: dict[int, int] = {}
+    for start in range(0, len(entries) - 11, 12):
+        tag, kind = struct.unpack(endian + "HH", entries[start : start + 4])
+        if tag in (_TIFF_WIDTH, _TIFF_LENGTH) and kind in (3, 4):  # SHORT or LONG
+            value_format = endian + ("H" if kind == 3 else "I")
+            (sides[tag],) = struct.unpack_from(value_format, entries, start + 8)
+    if len(sides) < 2:
+        return None
+    return sides[_TIFF_LENGTH], sides[_TIFF_WIDTH]
+
+
+def _webp_size(head: bytes) -> tuple[int, int] | None:
+    chunk = head[12:16]
+    if chunk == b"VP8 ":  # lossy: 14-bit sides after the key-frame start code
+        w, h = struct.unpack("<HH", head[26:30])
+        return h & 0x3FFF, w & 0x3FFF
+    if chunk == b"VP8L":  # lossless: (w - 1) and (h - 1) in 14 bits each after the 0x2F signature
+        (bits,) = struct.unpack("<I", head[21:25])
+        return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    if chunk == b"VP8X":  # extended: 24-bit (canvas side - 1)
+        w = int.from_bytes(head[24:27], "little") + 1
+        h = int.from_bytes(head[27:30], "little") + 1
+        return h, w
+    return None
+
+
+def _pfm_size(head: bytes) -> tuple[int, int] | None:
+    fields = head[2:64].split()
+    if len(fields) < 2:
+        return None
+    return int(fields[1]), int(fields[0])
+
+
+def _parse(f: BinaryIO, head: bytes, tail: bytes) -> tuple[str, tuple[int, int] | None]:
+    if head[:2] == b"\xff\xd8":
+        if not tail.endswith(b"\xff\xd9"):
+            raise ImageProblem("corrupt JPEG (truncated: no end-of-image marker)")
+        shape = _jpeg_size(head)
+        if shape is None and len(head) == _FIRST_READ:  # a large EXIF block before the frame header
+            shape = _jpeg_size(head + f.read(_HEAD_BYTES))
+        return "jpeg", shape
+    if head[:8] == _PNG_SIGNATURE:
+        return "png", _png_size(head, tail)
+    if head[:2] == b"BM" and len(head) >= 26:
+        return "bmp", _bmp_size(head)
+    if head[:4] in _TIFF_SIGNATURES:
+        return "tiff", _tiff_size(f, head)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp", _webp_size(head)
+    if head[:2] in (b"PF", b"Pf") and head[2:3].isspace():
+        return "pfm", _pfm_size(head)
+    return "", None
+
+
+def read_header(path: Path | str) -> ImageHeader:
+    """The format and claimed size of `path` from its first bytes (and its last, for truncation).
+    Raises ImageProblem for an empty, unreadable, truncated JPEG/PNG or malformed header."""
     try:
         with open(path, "rb") as f:
             size_bytes = f.seek(0, 2)
@@ -92,24 +189,44 @@ def read_image_info(path: Path) -> tuple[tuple[int, int], int]:
             tail = f.read(12)
             f.seek(0)
             head = f.read(_FIRST_READ)
-            if head[:2] == b"\xff\xd8":
-                if not tail.endswith(b"\xff\xd9"):
-                    raise ImageProblem("corrupt JPEG (truncated: no end-of-image marker)")
-                shape = _jpeg_size(head)
-                if shape is None and len(head) == _FIRST_READ:  # a large EXIF block before the frame header
-                    shape = _jpeg_size(head + f.read(_HEAD_BYTES))
+            kind, shape = _parse(f, head, tail)
     except OSError as exc:
         raise ImageProblem(f"cannot be read: {exc.strerror or exc}") from exc
+    except (struct.error, ValueError) as exc:
+        raise ImageProblem(f"corrupt image header ({exc})") from None
+    return ImageHeader(kind, shape, size_bytes)
 
-    if head[:8] == _PNG_SIGNATURE:
-        if b"IEND" not in tail:
-            raise ImageProblem("corrupt PNG (truncated: no IEND chunk)")
-        if head[12:16] != b"IHDR":
-            raise ImageProblem("corrupt PNG (no IHDR chunk)")
-        w, h = struct.unpack(">II", head[16:24])
-        shape = (h, w)
-    if shape is None:  # other formats, or a JPEG whose frame header is beyond the bytes read
-        shape = _decode_size(path)
-    if min(shape) < MIN_SIDE:
-        raise ImageProblem(f"too small ({shape[1]}x{shape[0]} px, sides must be >= {MIN_SIDE})")
-    return shape, size_bytes
+
+def check_pixels(shape: tuple[int, int], max_pixels: int) -> None:
+    """Raise ImageProblem naming the claimed size when h * w exceeds `max_pixels`."""
+    h, w = shape
+    if h * w > max_pixels:
+        raise ImageProblem(
+            f"its header claims {w}x{h} px ({h * w:,} pixels), over the limit of {max_pixels:,} "
+            f"(--max-image-pixels); not decoded"
+        )
+
+
+def read_image_info(path: Path | str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[tuple[int, int], int]:
+    """((h, w) as decoded, size in bytes) for the label scan. Raises ImageProblem with the reason when
+    the image is unusable: unreadable, truncated, over `max_pixels`, undecodable or too small."""
+    header = read_header(path)
+    shape = header.shape
+    if shape is not None:
+        check_pixels(shape, max_pixels)
+    if shape is None or header.format not in _NOT_DECODED:
+        shape = decode_image(path).shape[:2]
+        check_pixels(shape, max_pixels)  # a header not understood: the limit still decides, after the fact
+    h, w = int(shape[0]), int(shape[1])
+    if min(h, w) < MIN_SIDE:
+        raise ImageProblem(f"too small ({w}x{h} px, sides must be >= {MIN_SIDE})")
+    return (h, w), header.size_bytes
+
+
+def decode_checked(path: Path | str, max_pixels: int, flag: int | None = None) -> np.ndarray:
+    """BGR uint8 [h, w, 3] of `path`, its header checked against `max_pixels` first (predict, val).
+    Raises ImageProblem with the reason instead of any decoder error."""
+    header = read_header(path)
+    if header.shape is not None:
+        check_pixels(header.shape, max_pixels)
+    return decode_image(path, flag)

@@ -7,10 +7,10 @@ image is its path with the last `/images/` replaced by `/labels/` and the extens
 Verification reads every image header (size, truncation) and parses every label file. Each problem is
 reported once with its file and reason and the pair is skipped; duplicate rows are dropped (reported),
 polygon rows become their enclosing box, missing or empty label files make background images (counted).
-Nothing is ever written into the dataset except our own cache file (see `cache`): it goes next to the
-labels, `<parent of the labels folder>/yolov5-smddp-<digest>.labelcache.npz` (the digest is of the
-sources relative to the root, so it survives relocation), and when that folder is not writable to
-`cache_dir` (default `<tmp>/yolov5-smddp-cache`). Both places are searched when reading.
+An image whose header claims more than `max_pixels` pixels is skipped before anything decodes it.
+
+Nothing is ever written under a dataset: our cache file (see `cache`) goes to `cache_dir` only (default
+`cache.default_cache_dir`), named by the sources and the content, so it survives relocation.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import IntFlag
@@ -29,15 +28,19 @@ import numpy as np
 from yolov5_smddp.data.cache import (
     CacheRejected,
     ScanTable,
+    built_under,
     cache_file_name,
+    content_digest,
+    default_cache_dir,
     describe_foreign_cache,
-    is_writable_dir,
     label_hash,
     load_cache,
     save_cache,
+    sibling_caches,
+    sources_digest,
     stale_reason,
 )
-from yolov5_smddp.data.imageinfo import ImageProblem, read_image_info
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -204,10 +207,10 @@ class _PairResult:
     labels: np.ndarray
 
 
-def _verify_pair(image: str, label_data: bytes | OSError | None, nc: int) -> _PairResult:
+def _verify_pair(image: str, label_data: bytes | OSError | None, nc: int, max_pixels: int) -> _PairResult:
     empty = np.zeros((0, 5), np.float32)
     try:
-        shape, _ = read_image_info(image)
+        shape, _ = read_image_info(image, max_pixels)
     except ImageProblem as exc:
         return _PairResult((0, 0), PairFlag.BAD_IMAGE, str(exc), empty)
     if label_data is None:
@@ -243,10 +246,6 @@ def _read_fingerprints(images: list[str]) -> list[tuple[int, bytes | OSError | N
     return [_read_fingerprint(img) for img in images]
 
 
-def _verify_pairs(jobs: list[tuple[str, bytes | OSError | None, int]]) -> list[_PairResult]:
-    return [_verify_pair(*job) for job in jobs]
-
-
 def _parallel(fn, items: list, workers: int) -> list:
     """fn over `items` in chunks on a thread pool (file I/O releases the GIL), results in order."""
     if workers <= 1 or len(items) <= _CHUNK:
@@ -277,18 +276,6 @@ def _foreign_cache_candidates(sources: list[Path], images: list[str]) -> list[Pa
     return sorted(p for p in candidates if p.is_file())
 
 
-def _cache_targets(
-    images: list[Path], root: Path, sources: list[Path], cache_dir: Path | None
-) -> tuple[Path, Path]:
-    """(next to the labels, in cache_dir) — the two places our cache may live."""
-    rel_sources = sorted(_relative(str(s), str(root)) for s in sources)
-    labels_parent = label_path_for(Path(images[0])).parent.parent
-    fallback = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir(), "yolov5-smddp-cache")
-    return labels_parent / cache_file_name(rel_sources), fallback / cache_file_name(
-        rel_sources, salt=str(root)
-    )
-
-
 def build_label_index(
     sources: list[Path],
     *,
@@ -297,16 +284,20 @@ def build_label_index(
     cache_policy: str = "rebuild",
     cache_dir: Path | None = None,
     workers: int = 8,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> LabelIndex:
     """Discover, verify (or load from our cache) and index the pairs under `sources`.
 
-    `cache_policy` "rebuild": a stale or foreign cache is reported in one log line and ignored (ours is
-    rebuilt); "strict": any stale or foreign cache is a DataError naming the file. Raises DataError when
-    no images are found or no pair has a usable label.
+    `cache_dir`: where our cache is read and written (None: `cache.default_cache_dir`); nothing is
+    written anywhere else. `cache_policy` "rebuild": a foreign cache, or ours built for older contents of
+    this root, is reported in one log line and ignored (ours is rebuilt); "strict": either is a DataError
+    naming the file. `max_pixels`: images whose header claims more pixels are skipped. Raises DataError
+    when no images are found or no pair has a usable label.
     """
     if cache_policy not in CACHE_POLICIES:
         raise DataError(f"cache policy {cache_policy!r} is not one of {CACHE_POLICIES}")
     root = Path(root).resolve()
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(os.environ, Path.home())
     images = _list_image_strs(sources)
     if not images:
         where = ", ".join(str(s) for s in sources)
@@ -325,59 +316,99 @@ def build_label_index(
     image_bytes = np.array([size for size, _ in fingerprints], dtype=np.int64)
     hashes = [_fingerprint_hash(data) for _, data in fingerprints]
 
-    near, fallback = _cache_targets(images, root, sources, cache_dir)
-    table = None
-    for candidate in (near, fallback):
-        if not candidate.is_file():
-            continue
-        try:
-            cached = load_cache(candidate)
-            reason = stale_reason(cached, rel_images, image_bytes, hashes)
-        except CacheRejected as exc:
-            reason = str(exc)
-        if reason is None:
-            table, cache_path, cache_state = cached, candidate, "loaded"
-            break
-        if cache_policy == "strict":
-            raise DataError(f"strict cache policy: label cache {candidate} is stale: {reason}")
-        log.info("label cache %s is stale (%s); rebuilding", candidate, reason)
+    by_sources = sources_digest(sorted(_relative(str(s), root_str) for s in sources))
+    content = content_digest(rel_images, image_bytes, hashes, nc=nc, max_pixels=max_pixels)
+    target = cache_dir / cache_file_name(by_sources, content)
+    table = _load_valid(target, rel_images, image_bytes, hashes, cache_policy)
+    if table is not None:
+        return _index_from_table(table, images, root, sources, target, "loaded")
 
-    if table is None:
-        with ThreadPoolExecutor(max(workers, 1)) as pool:
-            results = list(
-                pool.map(
-                    _verify_pair, images, [data for _, data in fingerprints], [nc] * len(images), chunksize=64
-                )
+    stale = _stale_siblings(target, by_sources, root_str, rel_images, image_bytes, hashes, cache_policy)
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        n = len(images)
+        results = list(
+            pool.map(
+                _verify_pair, images, [d for _, d in fingerprints], [nc] * n, [max_pixels] * n, chunksize=64
             )
-        table = ScanTable(
-            images=rel_images,
-            image_bytes=image_bytes,
-            label_hashes=hashes,
-            shapes=np.array([r.shape for r in results], dtype=np.int32).reshape(-1, 2),
-            flags=np.array([int(r.flags) for r in results], dtype=np.uint8),
-            reasons=[r.reason for r in results],
-            counts=np.array([len(r.labels) for r in results], dtype=np.int32),
-            labels=np.concatenate([r.labels for r in results]) if results else np.zeros((0, 5), np.float32),
         )
-        cache_path, cache_state = _write_cache(table, root, near, fallback)
+    table = ScanTable(
+        images=rel_images,
+        image_bytes=image_bytes,
+        label_hashes=hashes,
+        shapes=np.array([r.shape for r in results], dtype=np.int32).reshape(-1, 2),
+        flags=np.array([int(r.flags) for r in results], dtype=np.uint8),
+        reasons=[r.reason for r in results],
+        counts=np.array([len(r.labels) for r in results], dtype=np.int32),
+        labels=np.concatenate([r.labels for r in results]) if results else np.zeros((0, 5), np.float32),
+    )
+    cache_path, cache_state = _write_cache(table, root, target, stale)
     return _index_from_table(table, images, root, sources, cache_path, cache_state)
 
 
-def _write_cache(table: ScanTable, root: Path, near: Path, fallback: Path) -> tuple[Path | None, str]:
-    errors = []
-    for target in (near, fallback):
+def _load_valid(
+    path: Path, images: list[str], image_bytes: np.ndarray, hashes: list[str], cache_policy: str
+) -> ScanTable | None:
+    """Our cache at `path` when it exists and describes the files, else None (a bad one is reported)."""
+    if not path.is_file():
+        return None
+    try:
+        cached = load_cache(path)
+        reason = stale_reason(cached, images, image_bytes, hashes)
+    except CacheRejected as exc:
+        reason = str(exc)
+    if reason is None:
+        return cached
+    if cache_policy == "strict":
+        raise DataError(f"strict cache policy: label cache {path} is stale: {reason}")
+    log.info("label cache %s is stale (%s); rebuilding", path, reason)
+    return None
+
+
+def _stale_siblings(
+    target: Path,
+    sources: str,
+    root: str,
+    images: list[str],
+    image_bytes: np.ndarray,
+    hashes: list[str],
+    cache_policy: str,
+) -> list[Path]:
+    """Our caches for the same sources built under this same root for files that have changed since:
+    each is reported (strict: a DataError) and returned, to be replaced by `target`. Siblings built under
+    another root may belong to another dataset laid out the same way, and those describing these very
+    files (scanned with another class count or pixel limit) are still valid: both are left alone."""
+    stale = []
+    for path in sibling_caches(target.parent, sources, exclude=target):
+        if built_under(path) != root:
+            continue
         try:
-            if target is fallback:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            if not is_writable_dir(target.parent):
-                errors.append(f"{target.parent} is not writable")
-                continue
-            save_cache(target, table, root=root)
-            return target, "built"
+            reason = stale_reason(load_cache(path), images, image_bytes, hashes)
+        except CacheRejected as exc:
+            reason = str(exc)
+        if reason is None:
+            continue
+        if cache_policy == "strict":
+            raise DataError(f"strict cache policy: label cache {path} is stale: {reason}")
+        log.info("label cache %s is stale (%s); rebuilding", path, reason)
+        stale.append(path)
+    return stale
+
+
+def _write_cache(table: ScanTable, root: Path, target: Path, stale: list[Path]) -> tuple[Path | None, str]:
+    """Write `table` to `target` (the cache folder is created) and remove the `stale` caches it replaces."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        save_cache(target, table, root=root)
+    except OSError as exc:
+        why = f"{target}: {exc.strerror or exc}"
+        log.warning("label cache not written (the scan is repeated next time): %s", why)
+        return None, f"built (not written: {why})"
+    for old in stale:
+        try:
+            old.unlink(missing_ok=True)
         except OSError as exc:
-            errors.append(f"{target}: {exc.strerror or exc}")
-    log.warning("label cache not written: %s", "; ".join(errors))
-    return None, f"built (not written: {'; '.join(errors)})"
+            log.warning("stale label cache %s not removed: %s", old, exc.strerror or exc)
+    return target, "built"
 
 
 def _index_from_table(
@@ -391,10 +422,11 @@ def _index_from_table(
     flags = table.flags
     bad = (flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL)) != 0
     offsets = np.concatenate([[0], np.cumsum(table.counts)])
-    messages = []
+    messages, logged = [], []
     for i in np.flatnonzero((flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL | PairFlag.DUPLICATES)) != 0):
         about = images[i] if flags[i] & PairFlag.BAD_IMAGE else _label_str(images[i])
         messages.append(f"{about}: {table.reasons[i]}")
+        logged.append(("skipped: " if bad[i] else "") + messages[-1])
     keep = np.flatnonzero(~bad)
     labels = [table.labels[offsets[i] : offsets[i + 1]] for i in keep]
     report = ScanReport(
@@ -409,8 +441,8 @@ def _index_from_table(
         messages=messages,
         cache=cache_state,
     )
-    for message in messages[:_MAX_LOGGED_PROBLEMS]:
-        log.warning(message)
+    for line in logged[:_MAX_LOGGED_PROBLEMS]:
+        log.warning(line)
     if len(messages) > _MAX_LOGGED_PROBLEMS:
         log.warning("... and %d more problems (see the scan report)", len(messages) - _MAX_LOGGED_PROBLEMS)
     if report.boxes == 0:

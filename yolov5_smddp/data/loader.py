@@ -8,10 +8,15 @@ Sampler: torch's DistributedSampler (global shuffle per epoch; call `loader.samp
 epoch). With the RAM cache under DDP a ShardSampler is used instead: each rank keeps a FIXED shard
 (indices rank, rank + world, ...) shuffled within itself each epoch, so a rank only ever reads — and
 caches — its own 1/world of the images, and a node holds the decoded dataset once, not once per rank.
+
+Failures: the loader (`YoloLoader`) turns a dead worker into a message naming --workers, /dev/shm and
+the memory figures (see `worker_errors`), and after each pass logs how many samples hit an image that
+could not be decoded (training: replaced; validation: left out of the batch by `collate`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Iterator
@@ -20,12 +25,46 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from yolov5_smddp.data.dataset import Skipped
+from yolov5_smddp.data.worker_errors import LoaderContext, explain_worker_failure, install_sigchld_explainer
+from yolov5_smddp.errors import DataError
+
+log = logging.getLogger(__name__)
+_EMPTY_SIDE = 32  # an all-skipped validation batch: no images, one stride in size
+
 
 def num_workers_per_rank(cpu_count: int, local_gpus: int, batch_per_rank: int, user_workers: int) -> int:
     """DataLoader workers for one rank: the CPUs of THIS node split over its local GPUs (never the global
     world size), capped by the user's --workers and by the batch size. 0 means load in the main process."""
     per_device = max(cpu_count, 0) // max(local_gpus, 1)
     return max(min(per_device, max(batch_per_rank, 0), max(user_workers, 0)), 0)
+
+
+def steps_per_epoch(n_images: int, batch_per_rank: int, world_size: int) -> int:
+    """Training batches per rank and epoch: each rank gets n // world images (DistributedSampler and
+    ShardSampler with drop_last), and incomplete batches are dropped."""
+    return n_images // max(world_size, 1) // max(batch_per_rank, 1)
+
+
+def check_batch_fits(n_images: int, batch_per_rank: int, world_size: int) -> None:
+    """DataError when the training set cannot fill one batch per rank (0 steps per epoch).
+
+    An error rather than a smaller batch: the global batch fixes the gradient accumulation, the weight
+    decay scale and the learning rates, so changing it silently would train something else than asked.
+    """
+    if steps_per_epoch(n_images, batch_per_rank, world_size) > 0:
+        return
+    per_rank_images = n_images // max(world_size, 1)
+    fix = (
+        f"use --batch-per-gpu {per_rank_images} or less (--batch-size {per_rank_images * world_size}), or add images"
+        if per_rank_images
+        else f"use at most {n_images} rank(s), or add images"
+    )
+    raise DataError(
+        f"the training set has {n_images} usable images: with {world_size} rank(s) each rank gets "
+        f"{per_rank_images}, fewer than its batch of {batch_per_rank}, so every epoch would run 0 steps "
+        f"(incomplete batches are dropped so that all ranks step together); {fix}"
+    )
 
 
 class ShardSampler(Sampler[int]):
@@ -66,7 +105,11 @@ def collate(batch: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, 
     `imgs` has channels-last strides (memory order B, H, W, C): the items are CHW views of HWC arrays,
     so stacking them as HWC is one plain copy per image, where a CHW copy would be a strided transpose.
     `imgs.float()` keeps that layout (torch.channels_last); call `.contiguous()` for NCHW memory.
+    `Skipped` items (validation images that could not be decoded) are left out.
     """
+    batch = [item for item in batch if not isinstance(item, Skipped)]
+    if not batch:
+        return torch.zeros((0, 3, _EMPTY_SIDE, _EMPTY_SIDE), dtype=torch.uint8), torch.zeros((0, 6)), (), ()
     imgs, labels, paths, shapes = zip(*batch)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
@@ -88,6 +131,46 @@ def _worker_init(worker_id: int) -> None:
     info = torch.utils.data.get_worker_info()
     if info is not None and hasattr(info.dataset, "reseed"):
         info.dataset.reseed(seed)
+
+
+class YoloLoader(DataLoader):
+    """A DataLoader whose iteration explains a failed worker (LoaderWorkerDied, see `worker_errors`) and,
+    at the end of each pass, logs the samples that hit an undecodable image (the dataset counts them)."""
+
+    def __init__(self, *args, rank: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank = rank
+
+    def __iter__(self):
+        context = LoaderContext(self.rank, self.num_workers, self.batch_size or 1)
+        counter = getattr(self.dataset, "undecodable_samples", None)
+        before = counter.value if counter is not None else 0
+        try:
+            batches = super().__iter__()
+            if self.num_workers > 0:
+                install_sigchld_explainer(context)
+            yield from batches
+        except Exception as exc:
+            explained = explain_worker_failure(exc, context)
+            if explained is None:
+                raise
+            raise explained from exc
+        failed = counter.value - before if counter is not None else 0
+        if failed and getattr(self.dataset, "augment", True):
+            log.warning(
+                "rank %d: %d training sample(s) of this pass hit an image that could not be decoded and "
+                "used another in its place (the files are named in the 'skipped:' lines)",
+                self.rank,
+                failed,
+            )
+        elif failed:
+            log.warning(
+                "validation left out %d of %d images that could not be decoded (named in the 'skipped:' "
+                "lines): the metrics cover %d images",
+                failed,
+                len(self.dataset),
+                len(self.dataset) - failed,
+            )
 
 
 def build_dataloader(
@@ -121,8 +204,9 @@ def build_dataloader(
     generator = torch.Generator().manual_seed(seed + rank)
     if hasattr(dataset, "reseed"):
         dataset.reseed(seed + rank)
-    return DataLoader(
+    return YoloLoader(
         dataset,
+        rank=rank,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,

@@ -13,6 +13,8 @@ import cv2
 import numpy as np
 
 CLASS_NAMES = ("rectangle", "ellipse", "triangle")
+DATASET_VERSION = 1
+"""Bump whenever the generated files change, so caches holding an older copy are not reused."""
 _MAX_OBJECTS = 4
 _JPEG_QUALITY = 90
 _TEXTURE = 20.0

@@ -1,0 +1,47 @@
+"""The one place a user's image file is decoded: every decoder failure becomes an ImageProblem.
+
+OpenCV reports a bad file in two ways: `imread` returns None (unknown format, corrupt data), or it
+raises `cv2.error` (e.g. `pixels <= CV_IO_MAX_IMAGE_PIXELS` for a header that claims more than 2^30
+pixels, or an allocation failure). Both, and a MemoryError, become `ImageProblem(reason)`, so a caller
+can say "skipped: <path>: <reason>" and go on with the next file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import cv2
+    import numpy as np
+
+
+class ImageProblem(Exception):
+    """An image that cannot be used; the message is the reason."""
+
+
+def _opencv_reason(exc: cv2.error) -> str:
+    """The useful part of an OpenCV error: "(-215:Assertion failed) pixels <= ... in function '...'"."""
+    text = " ".join(str(exc).split())
+    _, found, tail = text.partition(" error: ")
+    return tail if found else text
+
+
+def decode_image(path: Path | str, flag: int | None = None) -> np.ndarray:
+    """BGR uint8 [h, w, 3] of `path` decoded with the cv2.IMREAD_* `flag` (a colour flag: IMREAD_COLOR,
+    the default, or IMREAD_REDUCED_COLOR_*). Raises ImageProblem with the reason when the file cannot be
+    decoded."""
+    import cv2  # here, not at the top: importing OpenCV takes seconds and `--help` paths import this module
+
+    flag = cv2.IMREAD_COLOR if flag is None else flag
+    try:
+        img = cv2.imread(str(path), flag)
+    except cv2.error as exc:
+        raise ImageProblem(f"decoder error: {_opencv_reason(exc)}") from None
+    except MemoryError:
+        raise ImageProblem("out of memory while decoding") from None
+    if img is None:
+        raise ImageProblem("unreadable image (OpenCV cannot decode it)")
+    if img.dtype != "uint8" or img.ndim != 3 or img.shape[2] != 3:
+        raise ImageProblem(f"decoded to an unexpected array ({img.dtype}, shape {img.shape})")
+    return img
