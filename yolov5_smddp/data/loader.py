@@ -26,7 +26,13 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from yolov5_smddp.data.dataset import Skipped
-from yolov5_smddp.data.worker_errors import LoaderContext, explain_worker_failure, install_sigchld_explainer
+from yolov5_smddp.data.worker_errors import (
+    LoaderContext,
+    dead_workers,
+    explain_worker_failure,
+    install_sigchld_explainer,
+    worker_death_error,
+)
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -145,12 +151,15 @@ class YoloLoader(DataLoader):
         context = LoaderContext(self.rank, self.num_workers, self.batch_size or 1)
         counter = getattr(self.dataset, "undecodable_samples", None)
         before = counter.value if counter is not None else 0
+        batches = None
         try:
             batches = super().__iter__()
             if self.num_workers > 0:
                 install_sigchld_explainer(context)
             yield from batches
         except Exception as exc:
+            if isinstance(exc, (EOFError, ConnectionError)) and (dead := dead_workers(batches)):
+                exc = worker_death_error(dead)  # killed while handing a batch over
             explained = explain_worker_failure(exc, context)
             if explained is None:
                 raise
