@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from yolov5_smddp.errors import ConfigError
@@ -160,18 +161,21 @@ class WorkerFailed(RuntimeError):
         self.exitcode = exitcode
 
 
-def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> int:
-    """Start this host's workers and wait for all of them. Returns 0, or EXIT_INTERRUPTED when SIGTERM
-    stopped them (the agent passes it on; the trainer checkpoints); raises WorkerFailed naming the first
-    failed worker."""
+def run_elastic(
+    plan: LaunchPlan, train_args: Sequence[str], *, run_id: str, environ: Mapping[str, str]
+) -> int:
+    """Start this host's workers with the environment `environ` and wait for all of them. Returns 0, or
+    EXIT_INTERRUPTED when SIGTERM stopped them (the agent passes it on; the trainer checkpoints); raises
+    WorkerFailed naming the first failed worker."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _static_store_honours_use_libuv(os.environ)
+    _static_store_honours_use_libuv(environ)
     program, args = worker_command(train_args)
     try:
-        elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
+        with _process_environment(environ):  # torch's agent gives its workers a copy of os.environ
+            elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
     except SignalException:
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
@@ -188,6 +192,19 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
             failure.exitcode,
         ) from exc
     return 0
+
+
+@contextmanager
+def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
+    """os.environ is exactly `environ` inside the block and what it was before after it."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _static_store_honours_use_libuv(environ: Mapping[str, str]) -> None:

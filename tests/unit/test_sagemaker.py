@@ -7,17 +7,12 @@ from pathlib import Path
 import pytest
 
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.sagemaker import (
-    SageMakerEnv,
-    failure_reason,
-    hyperparameters_from_cli,
-    location_args,
-    main,
-    prepare_data_yaml,
-    read_environment,
-    write_failure,
-    write_local_config,
-)
+from yolov5_smddp.sagemaker import main
+from yolov5_smddp.sagemaker.dataset import prepare_data_yaml
+from yolov5_smddp.sagemaker.driver import location_args
+from yolov5_smddp.sagemaker.env import SageMakerEnv, read_environment
+from yolov5_smddp.sagemaker.failure import failure_reason, write_failure
+from yolov5_smddp.sagemaker.local_config import hyperparameters_from_cli, write_local_config
 
 
 def _fake_opt_ml(
@@ -266,3 +261,16 @@ def test_main_unknown_hyperparameter_is_named(tmp_path):
     base = _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
     assert main(["--epochz", "3"], environ={"SAGEMAKER_BASE_DIR": str(base)}) == 2
     assert "--epochz" in (base / "output" / "failure").read_text().splitlines()[0]
+
+
+def test_only_the_sagemaker_package_reads_sm_variables():
+    import re
+
+    package = Path(__file__).resolve().parents[2] / "yolov5_smddp"
+    readers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "sagemaker" not in path.relative_to(package).parts[:1]
+        and re.search(r"""["']SM_[A-Z_]+["']""", path.read_text())
+    )
+    assert readers == []

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -19,19 +20,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
 
 
-def main(argv: list[str]) -> int:
-    """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable)."""
+def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
+    """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable).
+    `environ` (default os.environ) holds the launcher's variables (RANK, OMPI_*, MASTER_ADDR, ...)."""
     from yolov5_smddp.config import parse_train_args
 
-    return run_config(parse_train_args(argv))
+    return run_config(parse_train_args(argv), environ)
 
 
-def run_config(config) -> int:
+def run_config(config, environ: Mapping[str, str] | None = None) -> int:
     from yolov5_smddp import distributed, hostmem, trainer
     from yolov5_smddp.config import resolve_output_dirs
 
     hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
-    info = distributed.detect_dist_info(os.environ)
+    info = distributed.detect_dist_info(os.environ if environ is None else environ)
     if info.rank == 0 and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     dirs = resolve_output_dirs(config, Path.cwd())
