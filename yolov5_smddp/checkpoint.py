@@ -39,6 +39,11 @@ def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) 
     return last
 
 
+def interrupted_message(when: str, folder: Path) -> str:
+    """What a run stopped by SIGTERM prints: `when` is "in epoch 3" or "after epoch 2"."""
+    return f"interrupted {when}: checkpoint {folder / LAST} written; run the same command again to resume"
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one of our checkpoints (weights_only: no code runs). WeightsError when it is not one."""
     try:

@@ -321,8 +321,9 @@ def _optional_string(text: str) -> str | None:
     return None if value.lower() in ("", "none", "null") else value
 
 
-def _int_list(text: str) -> list[int]:
-    """'10', '0,1,2', '[0, 1, 2]' → list of ints."""
+def parse_int_list(text: str, *, minimum: int | None = None, what: str = "integers") -> list[int]:
+    """'10', '0,1,2', '[0, 1, 2]' → list of ints; an argparse `type` (ArgumentTypeError naming `what`).
+    `minimum`: every value must be >= it, and the list must not be empty."""
     value = _unquote(text)
     try:
         parsed = (
@@ -330,11 +331,16 @@ def _int_list(text: str) -> list[int]:
         )
         if isinstance(parsed, int):
             parsed = [parsed]
-        return [int(v) for v in parsed]
+        values = [int(v) for v in parsed]
     except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected a layer count or a list of layer indices, got {text!r}"
-        ) from exc
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
+    if minimum is not None and (not values or min(values) < minimum):
+        raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {text!r}")
+    return values
+
+
+def _layer_list(text: str) -> list[int]:
+    return parse_int_list(text, what="a layer count or a list of layer indices")
 
 
 def parse_overrides(text: str) -> dict[str, float]:
@@ -420,7 +426,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "cos-lr", help="cosine learning-rate decay", **flag)
     _add(parser, "label-smoothing", type=float)
     _add(parser, "patience", type=int, help="early-stopping patience in epochs (0 = off)")
-    _add(parser, "freeze", type=_int_list, help="freeze the first N layers, or a list of layer indices")
+    _add(parser, "freeze", type=_layer_list, help="freeze the first N layers, or a list of layer indices")
     _add(parser, "seed", type=int)
     _add(parser, "rect", help="rectangular training batches", **flag)
     _add(parser, "multi-scale", help="vary image size +/-50%% per batch", **flag)

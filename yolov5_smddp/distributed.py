@@ -14,14 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from yolov5_smddp.dlc import SMDDP_DLCS
 from yolov5_smddp.errors import ConfigError
 
 SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
-SMDDP_IMAGES = (
-    "the SageMaker PyTorch GPU DLCs 2.5.1 (pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker), "
-    "2.4.0 (2.4.0-gpu-py311-cu124-ubuntu22.04-sagemaker) and 2.3.0 (2.3.0-gpu-py311-cu121-ubuntu20.04-sagemaker); "
-    "no DLC from 2.6 on ships it"
-)
 DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
 
 
@@ -124,7 +120,7 @@ def choose_backend(requested: str, cuda_available: bool, smddp_available: bool) 
     if requested == "smddp" and not smddp_available:
         raise ConfigError(
             f"--backend smddp: the SMDDP library ({SMDDP_MODULE}) is not installed in this image. "
-            f"It ships only in {SMDDP_IMAGES}. Use --backend nccl (or auto) on other images."
+            f"It ships only in {SMDDP_DLCS}. Use --backend nccl (or auto) on other images."
         )
     if requested == "nccl" and not cuda_available:
         raise ConfigError("--backend nccl needs CUDA GPUs; none is visible here (use gloo or auto)")

@@ -32,8 +32,9 @@ from yolov5_smddp import checkpoint, distributed
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
-from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
+from yolov5_smddp.engine import AmpPolicy, TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
 from yolov5_smddp.errors import ConfigError, WeightsError
+from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 
@@ -117,6 +118,51 @@ def accumulation(global_batch: int) -> int:
     return max(round(NOMINAL_BATCH / global_batch), 1)
 
 
+def scale_weight_decay(hyp: dict[str, float], global_batch: int, accumulate: int) -> dict[str, float]:
+    """A copy of `hyp` with weight_decay scaled by the images per optimizer step / the nominal 64."""
+    return {**hyp, "weight_decay": hyp["weight_decay"] * global_batch * accumulate / NOMINAL_BATCH}
+
+
+@dataclass
+class TrainingStack:
+    """What the steps of a run need besides the model and the data; the trainer and `bench train` build it
+    with `build_training_stack`, so a benchmark times exactly what training runs."""
+
+    hyp: dict[str, float]
+    """the run's hyperparameters: weight_decay scaled to the global batch (as checkpoints record them)."""
+    accumulate: int
+    criterion: YoloLoss
+    ema: ModelEMA
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+
+
+def build_training_stack(
+    model: nn.Module,
+    hyp: dict[str, float],
+    *,
+    nc: int,
+    imgsz: int,
+    global_batch: int,
+    amp: AmpPolicy,
+    optimizer: str = "SGD",
+    label_smoothing: float = 0.0,
+) -> TrainingStack:
+    """Loss (gains scaled to layers, classes and image size; label smoothing), EMA, optimizer groups (weight
+    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device)."""
+    accumulate = accumulation(global_batch)
+    hyp = scale_weight_decay(hyp, global_batch, accumulate)
+    loss_hyp = {**scale_loss_gains(hyp, model.detect.nl, nc, imgsz), "label_smoothing": label_smoothing}
+    return TrainingStack(
+        hyp=hyp,
+        accumulate=accumulate,
+        criterion=YoloLoss(model, loss_hyp),
+        ema=ModelEMA(model),
+        optimizer=build_optimizer(model, optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"]),
+        scaler=amp.make_scaler(),
+    )
+
+
 def default_dataset(cache_dir: Path) -> Path:
     """The embedded dataset under `cache_dir` (never an output folder: SageMaker would upload it):
     generated once, in a temporary folder renamed into place, so concurrent ranks never see a
@@ -148,11 +194,11 @@ class DataBundle:
 def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     """Resolve data.yaml (or the embedded dataset) and index train and val labels (every rank does this)."""
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.labels import build_label_index, scan_workers
 
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
     data = load_data_config(data_yaml)
-    workers = max(1, min(os.cpu_count() or 1, 16))
+    workers = scan_workers(os.cpu_count() or 1)
     scan = {
         "nc": data.nc,
         "root": data.root,
@@ -169,7 +215,12 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
     """Train loader for this rank; val loader on rank 0 only (None elsewhere). DataError when the
     training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
+    from yolov5_smddp.data.loader import (
+        build_dataloader,
+        build_val_loader,
+        check_batch_fits,
+        num_workers_per_rank,
+    )
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
@@ -196,26 +247,14 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
     )
     val_loader = None
     if info.rank == 0:
-        val_batch = per_rank * 2
-        val_set = YoloDataset(
+        val_loader = build_val_loader(
             bundle.val_index,
             config.imgsz,
-            augment=False,
-            hyp=hyp,
-            rect=True,
-            batch_size=val_batch,
+            batch_size=per_rank * 2,
             stride=stride,
-            pad=0.5,
-        )
-        val_loader = build_dataloader(
-            val_set,
-            batch_size=val_batch,
-            rank=0,
-            world_size=1,
             workers=workers,
-            shuffle=False,
             seed=config.seed,
-            drop_last=False,
+            hyp=hyp,
         )
     return train_loader, val_loader, workers
 
@@ -324,7 +363,6 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     if config.weights and not Path(config.weights).is_file():
         raise ConfigError(f"--weights {config.weights}: no such file")
     accumulate = accumulation(plan.global_batch)
-    hyp["weight_decay"] *= plan.global_batch * accumulate / NOMINAL_BATCH
 
     # -- data: scanned on every rank BEFORE the process group exists
     bundle = scan_data(config, dirs["cache_dir"])
@@ -345,7 +383,6 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
         )
 
     # -- model, loss, EMA, optimizer
-    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
     from yolov5_smddp.models.yolo import build_model
 
     model = build_model(config.cfg, nc=bundle.nc)
@@ -356,15 +393,23 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     model.to(device)
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
-    nl = model.detect.nl
-    loss_hyp = {
-        **scale_loss_gains(hyp, nl, bundle.nc, config.imgsz),
-        "label_smoothing": config.label_smoothing,
-    }
-    criterion = YoloLoss(model, loss_hyp)
-    ema = ModelEMA(model)
-    optimizer = build_optimizer(model, config.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    scaler = amp.make_scaler()
+    stack = build_training_stack(
+        model,
+        hyp,
+        nc=bundle.nc,
+        imgsz=config.imgsz,
+        global_batch=plan.global_batch,
+        amp=amp,
+        optimizer=config.optimizer,
+        label_smoothing=config.label_smoothing,
+    )
+    hyp, criterion, ema, optimizer, scaler = (
+        stack.hyp,
+        stack.criterion,
+        stack.ema,
+        stack.optimizer,
+        stack.scaler,
+    )
 
     # -- resume from checkpoint_dir/last.pt
     start_epoch, iteration, last_opt, best_fitness, stale, history = 0, 0, -1, -1.0, 0, []
@@ -510,8 +555,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                         dirs["checkpoint_dir"], checkpoint_state(epoch, epoch_first_iteration)
                     )
                     print(
-                        f"interrupted in epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                        f"written; run the same command again to resume",
+                        checkpoint.interrupted_message(f"in epoch {epoch + 1}", dirs["checkpoint_dir"]),
                         flush=True,
                     )
                 interrupted = True
@@ -580,8 +624,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             if sigterm and epoch + 1 < config.epochs:
                 if main:
                     print(
-                        f"interrupted after epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                        f"written; run the same command again to resume",
+                        checkpoint.interrupted_message(f"after epoch {epoch + 1}", dirs["checkpoint_dir"]),
                         flush=True,
                     )
                 interrupted = True

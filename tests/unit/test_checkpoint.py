@@ -56,3 +56,11 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
     assert checkpoint.find_resumable(tmp_path) == tmp_path / "last.pt"
     assert checkpoint.find_resumable(tmp_path / "nothing") is None
+
+
+def test_interrupted_message_names_the_checkpoint_and_how_to_resume(tmp_path):
+    from yolov5_smddp.checkpoint import interrupted_message
+
+    assert interrupted_message("after epoch 2", tmp_path) == (
+        f"interrupted after epoch 2: checkpoint {tmp_path / 'last.pt'} written; run the same command again to resume"
+    )

@@ -10,7 +10,7 @@ import yaml
 
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.config import load_data_config
-from yolov5_smddp.data.labels import build_label_index
+from yolov5_smddp.data.labels import build_label_index, scan_workers
 from yolov5_smddp.errors import DataError
 from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, SageMakerEnv, channel
 
@@ -76,7 +76,7 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pi
             root=config.root,
             cache_policy="rebuild",
             cache_dir=cache_dir,
-            workers=min(env.num_cpus, 16),
+            workers=scan_workers(env.num_cpus),
             max_pixels=max_pixels,
         )
         r = index.report
