@@ -190,7 +190,7 @@ def _worker(
         launcher="torchrun",
         use_libuv=os.environ.get("USE_LIBUV", "1") != "0",
     )
-    distributed.init(info, "gloo", timeout_s=600)  # the trainer's own process-group setup
+    distributed.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
     try:
         torch.manual_seed(0)
         model = build_model(cfg).train()

@@ -33,7 +33,7 @@ from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import AmpPolicy, TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
-from yolov5_smddp.errors import ConfigError, WeightsError
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
@@ -42,7 +42,6 @@ log = logging.getLogger("yolov5_smddp")
 
 NOMINAL_BATCH = 64
 MIN_WARMUP_ITERS = 100
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM: checkpoint written, run again to resume
 RESULT_COLUMNS = (
     "epoch",
     "box_loss",
@@ -349,11 +348,9 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     hyp = load_hyp(config.hyp, config.hyp_overrides)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
-    wants_smddp = config.backend == "smddp" or (config.backend == "auto" and cuda)
-    backend = distributed.choose_backend(
-        config.backend, cuda, distributed.smddp_importable() if wants_smddp else False
+    backend, device_type = distributed.resolve(
+        config.backend, cuda, distributed.smddp_importable, prefer_smddp=info.prefer_smddp
     )
-    device_type = "cuda" if cuda and backend in ("nccl", "smddp") else "cpu"
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
@@ -368,7 +365,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     bundle = scan_data(config, dirs["cache_dir"])
 
     # -- process group and device
-    device = distributed.init(info, backend, config.dist_timeout)
+    device = distributed.init(info, backend, device_type, config.dist_timeout)
     seed_everything(config.seed + info.rank)
     if main:
         log.info(

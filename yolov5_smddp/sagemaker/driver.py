@@ -1,13 +1,14 @@
 """The program behind entrypoint.py: options → environment → dataset check → launch, and the exit contract.
 
 `main(argv, environ)` never raises for a training failure: it returns the exit code (see failure.py).
-`run_job()` never writes os.environ: it builds the workers' environment (`worker_environment`) and hands
-it to the in-process worker or to the elastic launcher.
+`run_job()` never writes os.environ: a worker in this process gets its place (`DistInfo`) directly, the
+elastic launcher gets the environment for its workers (`worker_environment`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -17,7 +18,8 @@ from pathlib import Path
 from yolov5_smddp import launch
 from yolov5_smddp.commands.train import main as train_main
 from yolov5_smddp.config import parse_train_args
-from yolov5_smddp.distributed import smddp_importable
+from yolov5_smddp.distributed import DistInfo, detect_dist_info
+from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.hyp_options import fold_hyp_options
 from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml
 from yolov5_smddp.sagemaker.efa import network_environment
@@ -99,18 +101,15 @@ def location_args(env: SageMakerEnv, train_args: Sequence[str]) -> list[str]:
     return out
 
 
-def worker_environment(
-    environ: Mapping[str, str], plan: launch.LaunchPlan, network: Mapping[str, str]
-) -> dict[str, str]:
-    """The environment this host's workers run with (pure): `environ`, plus for a worker in this process
-    (mpirun ranks may lack them) MASTER_ADDR/MASTER_PORT = the first host and the agreed port, plus for the
-    elastic launcher's workers the EFA/NCCL variables `network` (the toolkit sets those only for the ranks it
-    starts). A variable already in `environ` is kept."""
-    if plan.in_process:
-        added = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port)}
-    else:
-        added = dict(network)
-    return {**added, **environ}
+def worker_environment(environ: Mapping[str, str], network: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the elastic launcher's workers (pure): `environ` plus the EFA/NCCL variables
+    `network` (the toolkit sets those only for the ranks it starts); a variable already set is kept."""
+    return {**network, **environ}
+
+
+def worker_info(info: DistInfo, plan: launch.LaunchPlan) -> DistInfo:
+    """Where the worker in this process sits: `info`, with the port every rank agreed on (--master-port)."""
+    return dataclasses.replace(info, master_port=plan.master_port)
 
 
 def _local_gpu_count(env: SageMakerEnv) -> int:
@@ -127,8 +126,9 @@ def run_job(
     """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
     train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
+    info = detect_dist_info(environ, default_master=env.master_addr)
     plan = launch.decide_launch(
-        environ,
+        info,
         hosts=env.hosts,
         current_host=env.current_host,
         num_gpus=_local_gpu_count(env),
@@ -140,7 +140,7 @@ def run_job(
         plan.mode,
         plan.nnodes,
         plan.nproc_per_node,
-        env.current_host,
+        env.hosts[plan.node_rank],  # not SM_CURRENT_HOST: the toolkit's mpirun gives every rank algo-1's
         plan.node_rank,
         plan.master_addr,
         plan.master_port,
@@ -152,13 +152,11 @@ def run_job(
     worker_args = list(train_args) + location_args(env, train_args)
     if data_yaml is not None:
         worker_args += ["--data", str(data_yaml)]
-    if plan.prefer_smddp and not _given(train_args, "backend"):
-        worker_args += ["--backend", "smddp" if smddp_importable() else "auto"]
     for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
         folder.mkdir(parents=True, exist_ok=True)
 
     if plan.in_process:
-        code = int(train_main(worker_args, environ=worker_environment(environ, plan, {})) or 0)
+        code = int(train_main(worker_args, info=worker_info(info, plan)) or 0)
     else:
         network = network_environment(env.instance_type, env.network_interface, environ)
         log.info("%s", network.log_line(env.instance_type))
@@ -166,9 +164,9 @@ def run_job(
             plan,
             worker_args,
             run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp",
-            environ=worker_environment(environ, plan, network.added),
+            environ=worker_environment(environ, network.added),
         )
-    if code == launch.EXIT_INTERRUPTED:
+    if code == EXIT_INTERRUPTED:
         raise launch.WorkerFailed(
             f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
             f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
