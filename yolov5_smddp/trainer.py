@@ -30,7 +30,7 @@ from torch import nn
 
 from yolov5_smddp import checkpoint, distributed
 from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
+from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import AmpPolicy, TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
@@ -346,6 +346,9 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
 
     # -- decisions: every config problem fails here, before any work
     hyp = load_hyp(config.hyp, config.hyp_overrides)
+    if main:
+        for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
+            log.warning("%s", warning)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
     backend, device_type = distributed.resolve(
