@@ -548,23 +548,34 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
     return config_from_namespace(parser.parse_args(list(argv)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputDirs:
+    """The folders one training run writes to (see TrainConfig for what goes where)."""
+
+    model_dir: Path
+    output_dir: Path
+    checkpoint_dir: Path
+    cache_dir: Path
+    tensorboard_dir: Path | None = None
+
+
 def resolve_output_dirs(
     config: TrainConfig, cwd: Path, environ: Mapping[str, str] | None = None, home: Path | None = None
-) -> dict[str, Path]:
+) -> OutputDirs:
     """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`; the cache folder
     defaults to the user's (`data.cache.default_cache_dir` of `environ`, default os.environ, and `home`)."""
     from yolov5_smddp.data.cache import default_cache_dir
 
     base = cwd / "runs" / "train"
-    defaults = {
-        "model_dir": base / "model",
-        "output_dir": base / "output",
-        "checkpoint_dir": base / "checkpoints",
-        "cache_dir": default_cache_dir(os.environ if environ is None else environ, home or Path.home()),
-    }
-    out = {
-        key: Path(getattr(config, key)) if getattr(config, key) else path for key, path in defaults.items()
-    }
-    if config.tensorboard_dir:
-        out["tensorboard_dir"] = Path(config.tensorboard_dir)
-    return out
+    cache = default_cache_dir(os.environ if environ is None else environ, home or Path.home())
+
+    def given_or(value: str | None, default: Path) -> Path:
+        return Path(value) if value else default
+
+    return OutputDirs(
+        model_dir=given_or(config.model_dir, base / "model"),
+        output_dir=given_or(config.output_dir, base / "output"),
+        checkpoint_dir=given_or(config.checkpoint_dir, base / "checkpoints"),
+        cache_dir=given_or(config.cache_dir, cache),
+        tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
+    )

@@ -105,16 +105,13 @@ def test_config_is_kw_only_and_serialisable(tmp_path):
     d = TrainConfig(epochs=2).to_dict()
     assert d["epochs"] == 2 and d["freeze"] == []
     dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path, {}, Path("/home/me"))
-    assert (
-        str(dirs["model_dir"]) == "/m"
-        and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"
-    )
+    assert str(dirs.model_dir) == "/m" and dirs.checkpoint_dir == tmp_path / "runs" / "train" / "checkpoints"
     # caches: the user's cache folder, never the run folder nor a dataset
-    assert dirs["cache_dir"] == Path("/home/me/.cache/yolov5-smddp")
+    assert dirs.cache_dir == Path("/home/me/.cache/yolov5-smddp")
     xdg = resolve_output_dirs(TrainConfig(), tmp_path, {"XDG_CACHE_HOME": "/xdg"}, Path("/home/me"))
-    assert xdg["cache_dir"] == Path("/xdg/yolov5-smddp")
+    assert xdg.cache_dir == Path("/xdg/yolov5-smddp")
     given = resolve_output_dirs(TrainConfig(cache_dir="/c"), tmp_path, {"XDG_CACHE_HOME": "/xdg"})
-    assert given["cache_dir"] == Path("/c")
+    assert given.cache_dir == Path("/c")
 
 
 def test_hyp_keys_are_declared_once():
