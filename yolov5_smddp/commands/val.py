@@ -112,9 +112,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
-    from yolov5_smddp.data.loader import build_dataloader
+    from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.models.weights import load_model
@@ -139,25 +138,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.weights, device=device).eval()
     if model.nc != data.nc:
         raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
-    dataset = YoloDataset(
-        index,
-        args.imgsz,
-        augment=False,
-        hyp=None,
-        rect=True,
-        batch_size=args.batch_size,
-        stride=int(model.stride.max()),
-        pad=0.5,
-    )
-    loader = build_dataloader(
-        dataset,
-        batch_size=args.batch_size,
-        rank=0,
-        world_size=1,
-        workers=args.workers,
-        shuffle=False,
-        seed=0,
-        drop_last=False,
+    loader = build_val_loader(
+        index, args.imgsz, batch_size=args.batch_size, stride=int(model.stride.max()), workers=args.workers
     )
     image_ids = {str(p): i for i, p in enumerate(index.images)}
     detections_json: list[dict] = []
@@ -187,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         max_det=args.max_det,
         on_image=collect if args.save_json else None,
     )
-    skipped = index.report.bad + dataset.undecodable_samples.value
+    skipped = index.report.bad + loader.dataset.undecodable_samples.value
     if skipped:
         log.warning(
             "val: %d of %d images skipped (named in the 'skipped:' lines above); the metrics cover %d",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from yolov5_smddp.data.dataset import Skipped
+from yolov5_smddp.data.dataset import Skipped, YoloDataset
 from yolov5_smddp.data.worker_errors import (
     LoaderContext,
     dead_workers,
@@ -225,4 +225,24 @@ def build_dataloader(
         persistent_workers=workers > 0,
         worker_init_fn=_worker_init,
         generator=generator,
+    )
+
+
+def build_val_loader(
+    index, imgsz: int, *, batch_size: int, stride: int, workers: int, seed: int = 0, hyp: dict | None = None
+) -> DataLoader:
+    """The validation loader of training (rank 0) and of `yolov5-smddp val`: every image of `index` in
+    order, letterboxed in rectangular batches (pad 0.5 stride), no augmentation, one process."""
+    dataset = YoloDataset(
+        index, imgsz, augment=False, hyp=hyp, rect=True, batch_size=batch_size, stride=stride, pad=0.5
+    )
+    return build_dataloader(
+        dataset,
+        batch_size=batch_size,
+        rank=0,
+        world_size=1,
+        workers=workers,
+        shuffle=False,
+        seed=seed,
+        drop_last=False,
     )
