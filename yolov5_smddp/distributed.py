@@ -67,7 +67,10 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
 
 
 def detect_dist_info(
-    environ: Mapping[str, str], default_master: Callable[[], str | None] | str | None = None
+    environ: Mapping[str, str],
+    default_master: Callable[[], str | None] | str | None = None,
+    *,
+    hosts_in_job: int | None = None,
 ) -> DistInfo:
     """Where this process sits: torchrun's variables, else Open MPI's, else a single process. The one
     reader of RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK / OMPI_* / MASTER_ADDR / MASTER_PORT.
@@ -76,6 +79,11 @@ def detect_dist_info(
     per-node rank across all jobs, not a node index. mpirun (the SageMaker toolkit's `--host algo-1:N,...`)
     places ranks host by host, N per host, so the node index is rank // local size and the host count
     size // local size (homogeneous hosts, as SageMaker jobs are).
+
+    `hosts_in_job` (the caller's count of the job's hosts, e.g. SageMaker's) replaces Open MPI's local size
+    under mpirun: the SageMaker toolkit's mpirun forwards its own environment and, in the local stand-in,
+    Open MPI counts both ranks of a 2 x 1 job as local (LOCAL_SIZE=2, LOCAL_RANK=1 on algo-2), so
+    local size = size // hosts and local rank = rank % local size there.
 
     MASTER_ADDR may be absent (mpirun ranks, or no launcher at all): `default_master` (a host name, or a
     callable returning one, e.g. the first SageMaker host) supplies it; the caller owns where that comes
@@ -91,6 +99,9 @@ def detect_dist_info(
         rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
         local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
         local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
+        if hosts_in_job and world % hosts_in_job == 0:
+            local_world = world // hosts_in_job
+            local_rank = rank % local_world
         node_rank = rank // max(local_world, 1)
         launcher = "mpirun"
     else:

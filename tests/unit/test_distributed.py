@@ -172,3 +172,28 @@ def test_smddp_absent_here():
 
     if importlib.util.find_spec("smdistributed") is None:
         assert distributed.smddp_importable() is False
+
+
+def test_mpirun_local_size_from_the_jobs_hosts_when_given():
+    # what the stand-in's Open MPI exported to the rank on algo-2 of a 2 x 1 job under the toolkit's mpirun
+    seen_on_algo_2 = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
+    }
+    info = detect_dist_info(seen_on_algo_2, default_master="algo-1", hosts_in_job=2)
+    assert (info.rank, info.local_rank, info.local_world_size, info.node_rank, info.nnodes) == (1, 0, 1, 1, 2)
+    # without the host count, Open MPI's local size is all there is
+    alone = detect_dist_info(seen_on_algo_2, default_master="algo-1")
+    assert (alone.local_rank, alone.local_world_size, alone.node_rank, alone.nnodes) == (1, 2, 0, 1)
+    # 2 x 8: rank 12 is local rank 4 of the second host either way
+    twelfth = {
+        "OMPI_COMM_WORLD_RANK": "12",
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "4",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+    }
+    info = detect_dist_info(twelfth, default_master="algo-1", hosts_in_job=2)
+    assert (info.local_rank, info.local_world_size, info.node_rank, info.nnodes) == (4, 8, 1, 2)

@@ -13,7 +13,8 @@ HOSTS = ["algo-1", "algo-2"]
 
 def plan_for(environ, *, hosts, **kwargs):
     """The plan as the SageMaker driver makes it: the launcher's variables read once, by distributed."""
-    return decide_launch(detect_dist_info(environ, default_master=hosts[0]), hosts=hosts, **kwargs)
+    info = detect_dist_info(environ, default_master=hosts[0], hosts_in_job=len(hosts))
+    return decide_launch(info, hosts=hosts, **kwargs)
 
 
 def test_no_distribution_two_gpu_hosts_is_elastic_one_worker_per_gpu():

@@ -283,6 +283,10 @@ def test_only_the_sagemaker_package_reads_sm_variables():
             {"RANK": "1", "SIZE": "2", "LOCAL_RANK": "0", "LOCAL_SIZE": "1", "NODE_RANK": "0"},
             "launch: mpirun, 2 host(s) x 1 worker(s), this host algo-2 (node 1), master algo-1:7777",
         ),
+        (  # the same rank as the stand-in's Open MPI described it (both ranks counted as local)
+            {"RANK": "1", "SIZE": "2", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "NODE_RANK": "1"},
+            "launch: mpirun, 2 host(s) x 1 worker(s), this host algo-2 (node 1), master algo-1:7777",
+        ),
         (  # 2 hosts x 8 workers, local rank 3 on algo-2
             {"RANK": "11", "SIZE": "16", "LOCAL_RANK": "3", "LOCAL_SIZE": "8", "NODE_RANK": "3"},
             "launch: mpirun, 2 host(s) x 8 worker(s), this host algo-2 (node 1), master algo-1:7777",

@@ -126,7 +126,7 @@ def run_job(
     """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
     train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
-    info = detect_dist_info(environ, default_master=env.master_addr)
+    info = detect_dist_info(environ, default_master=env.master_addr, hosts_in_job=len(env.hosts))
     plan = launch.decide_launch(
         info,
         hosts=env.hosts,
