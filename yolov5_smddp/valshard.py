@@ -37,12 +37,13 @@ def shard_images(n_images: int, batch_size: int, world: int, rank: int) -> range
 
 def split_summary(n_images: int, batch_size: int, world: int) -> str:
     """How the images are split, for the log: '15 of 30 images on each of 2 ranks', or
-    'images per rank 16/14 of 30 on 2 ranks' when the shares differ."""
+    'images per rank 16/14 of 30 on 2 ranks' when the shares differ, '8 of 8 images on 1 rank' alone."""
     counts = [len(shard_images(n_images, batch_size, world, r)) for r in range(world)]
-    noun = "rank" if world == 1 else "ranks"
+    if world == 1:
+        return f"{n_images} of {n_images} images on 1 rank"
     if len(set(counts)) == 1:
-        return f"{counts[0]} of {n_images} images on each of {world} {noun}"
-    return f"images per rank {'/'.join(map(str, counts))} of {n_images} on {world} {noun}"
+        return f"{counts[0]} of {n_images} images on each of {world} ranks"
+    return f"images per rank {'/'.join(map(str, counts))} of {n_images} on {world} ranks"
 
 
 class ContiguousSampler(Sampler[int]):

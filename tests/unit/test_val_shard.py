@@ -48,7 +48,7 @@ def test_shard_images_whole_batches_last_short():
 def test_split_summary_lines():
     assert split_summary(30, 15, 2) == "15 of 30 images on each of 2 ranks"
     assert split_summary(30, 8, 2) == "images per rank 16/14 of 30 on 2 ranks"
-    assert split_summary(8, 16, 1) == "8 of 8 images on each of 1 rank"
+    assert split_summary(8, 16, 1) == "8 of 8 images on 1 rank"
 
 
 def test_contiguous_sampler_yields_its_range():
