@@ -36,6 +36,7 @@ from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings,
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
+from yolov5_smddp.valshard import build_val_loader, split_summary
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -166,8 +167,8 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
 
 
 def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: int, info, stride: int):
-    """Train loader for this rank; val loader on rank 0 only (None elsewhere). DataError when the
-    training set cannot fill one batch per rank."""
+    """Train loader for this rank; val loader over this rank's shard of whole val batches (see valshard).
+    DataError when the training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
 
@@ -194,29 +195,23 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         seed=config.seed,
         drop_last=True,
     )
-    val_loader = None
+    # every rank validates its shard of whole batches
+    val_batch = per_rank * 2
+    val_set = YoloDataset(
+        bundle.val_index,
+        config.imgsz,
+        augment=False,
+        hyp=hyp,
+        rect=True,
+        batch_size=val_batch,
+        stride=stride,
+        pad=0.5,
+    )
+    val_loader = build_val_loader(
+        val_set, batch_size=val_batch, rank=info.rank, world_size=info.world_size, workers=workers
+    )
     if info.rank == 0:
-        val_batch = per_rank * 2
-        val_set = YoloDataset(
-            bundle.val_index,
-            config.imgsz,
-            augment=False,
-            hyp=hyp,
-            rect=True,
-            batch_size=val_batch,
-            stride=stride,
-            pad=0.5,
-        )
-        val_loader = build_dataloader(
-            val_set,
-            batch_size=val_batch,
-            rank=0,
-            world_size=1,
-            workers=workers,
-            shuffle=False,
-            seed=config.seed,
-            drop_last=False,
-        )
+        log.info("val: %s", split_summary(len(val_set), val_batch, info.world_size))
     return train_loader, val_loader, workers
 
 
@@ -518,10 +513,10 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                 break
             throughputs.append(result.throughput)
             lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
-            # -- validate on rank 0 with the EMA weights; the others wait in the broadcast below
+            # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
             metrics = None
             last_epoch = epoch + 1 == config.epochs
-            if main and val_loader is not None and (not config.noval or last_epoch):
+            if val_loader is not None and (not config.noval or last_epoch):
                 metrics = evaluate(
                     ema.module,
                     val_loader,
@@ -531,7 +526,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     iou_thres=config.val_iou,
                     max_det=config.max_det,
                     should_stop=lambda: stop.requested,
-                )  # None when SIGTERM cut it short
+                    gather=True,
+                )  # None when SIGTERM cut it short, and on ranks other than 0
             improved = False
             if main:
                 fit = metrics.fitness if metrics is not None else -1.0
@@ -593,12 +589,47 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
 
     if board is not None:
         board.close()
+    if not interrupted and val_loader is not None:
+        # the final numbers are best.pt's (every rank, sharded), not the last epoch's
+        best_metrics = validate_best(
+            ema, val_loader, dirs["checkpoint_dir"] / checkpoint.BEST, device, amp, config
+        )
+        final_metrics = best_metrics if best_metrics is not None else final_metrics
+        if main and best_metrics is not None:
+            emit(metric_line(final=1, **best_metrics.to_dict()), main=True)
     if main and not interrupted:
         write_final_outputs(
             config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
         )
     distributed.barrier()
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def validate_best(
+    ema: ModelEMA, val_loader, best_path: Path, device: torch.device, amp, config: TrainConfig
+) -> DetectionMetrics | None:
+    """Validate the weights model_dir/best.pt receives — the best checkpoint's EMA, rounded to float16 as
+    it is stored — on every rank, sharded. Rank 0 reads best.pt and broadcasts the weights (checkpoint
+    folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt."""
+    if not distributed.broadcast_object(best_path.is_file() if distributed.is_main() else None):
+        return None
+    if distributed.is_main():
+        ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
+    distributed.broadcast_module(ema.module)
+    with torch.no_grad():
+        for tensor in ema.module.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.half().float())
+    return evaluate(
+        ema.module,
+        val_loader,
+        device=device,
+        amp=amp,
+        conf_thres=config.val_conf,
+        iou_thres=config.val_iou,
+        max_det=config.max_det,
+        gather=True,
+    )
 
 
 def write_final_outputs(

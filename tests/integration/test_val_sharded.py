@@ -114,3 +114,82 @@ def test_two_ranks_mpirun_equal_one_process_exactly(setup, single):
     assert "val: 15 of 30 images on each of 2 ranks" in out
     two = json.loads((root / "mpi.json").read_text())
     assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
+
+
+def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
+    """2 ranks over Gloo train 2 epochs with sharded validation; `final` in metrics.json and the last
+    metric line are best.pt's: equal to one process validating model/best.pt with the same batches."""
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    data = make_default_dataset(tmp_path / "data", n_train=16, n_val=20, imgsz=128, seed=4)
+    out = tmp_path / "run"
+    train = [
+        "-m",
+        "yolov5_smddp",
+        "train",
+        "--cfg",
+        "yolov5n",
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--workers",
+        "0",
+        "--backend",
+        "gloo",
+        "--model-dir",
+        str(out / "model"),
+        "--output-dir",
+        str(out / "output"),
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--cache-dir",
+        str(out / "cache"),
+    ]
+    cmd = [
+        sys.executable,
+        str(HERE / "torchrun_nolibuv.py"),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "--no-python",
+        sys.executable,
+        *train,
+    ]
+    stdout = _run(cmd, child_env())
+    assert "val: images per rank 16/4 of 20 on 2 ranks" in stdout  # val batches of 2 x 4
+    final = json.loads((out / "model" / "metrics.json").read_text())["final"]
+    metric_lines = [line for line in stdout.splitlines() if "mAP50-95=" in line]
+    assert metric_lines[-1].startswith("final=1 ")
+
+    # one process, the written best.pt, the trainer's val batch size (2 x per-rank batch)
+    val = [
+        sys.executable,
+        "-m",
+        "yolov5_smddp",
+        "val",
+        "--weights",
+        str(out / "model" / "best.pt"),
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "0",
+        "--cache-dir",
+        str(out / "cache"),
+        "--metrics-json",
+        str(tmp_path / "best.json"),
+    ]
+    _run(val, child_env())
+    alone = json.loads((tmp_path / "best.json").read_text())
+    keys = ("precision", "recall", "mAP50", "mAP50-95", "fitness")
+    assert {k: final[k] for k in keys} == {k: alone[k] for k in keys}
+    assert f"mAP50-95={final['mAP50-95']:.6g}" in metric_lines[-1]
