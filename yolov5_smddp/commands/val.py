@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
@@ -220,6 +221,7 @@ def _validate(args: argparse.Namespace, info) -> int:
                 }
             )
 
+    started = time.perf_counter()
     metrics = evaluate(
         model,
         loader,
@@ -231,6 +233,7 @@ def _validate(args: argparse.Namespace, info) -> int:
         on_image=collect if args.save_json else None,
         gather=True,
     )
+    seconds = time.perf_counter() - started  # rank 0: its shard, then the gather
     if args.save_json and info.distributed:
         # every rank's detections and scored paths, in rank order (the ids are the shared index's)
         parts = distributed.all_gather_objects((detections_json, sorted(scored)))
@@ -250,12 +253,17 @@ def _validate(args: argparse.Namespace, info) -> int:
         )
     emit(
         metric_line(
-            images=metrics.num_images, skipped=skipped, targets=metrics.num_targets, **metrics.to_dict()
+            images=metrics.num_images,
+            skipped=skipped,
+            targets=metrics.num_targets,
+            **metrics.to_dict(),
+            val_seconds=seconds,
         ),
         main=True,
     )
     if args.metrics_json:
         summary = {**metrics.to_dict(), "images": metrics.num_images, "targets": metrics.num_targets}
+        summary["val_seconds"] = seconds
         Path(args.metrics_json).write_text(json.dumps({**summary, "skipped": skipped}), encoding="utf-8")
     if args.save_json:
         out = Path(args.output_dir)
