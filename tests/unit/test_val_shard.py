@@ -1,10 +1,14 @@
 """Sharded validation's pure parts (valshard), the packing of match results for the gather, and the
 full-precision box decode under autocast."""
 
+import multiprocessing
+import socket
+
 import numpy as np
 import pytest
 import torch
 
+from yolov5_smddp import distributed
 from yolov5_smddp.engine import AmpPolicy, evaluate
 from yolov5_smddp.metrics import MetricAccumulator, metrics_from_state, pack_state, unpack_states
 from yolov5_smddp.models.detect import Detect
@@ -233,3 +237,72 @@ def test_val_map_under_bf16_autocast_equals_fp32():
 def test_decode_error_reference_numbers_are_finite():
     # the measured numbers the report quotes come from decode_error_px; keep it working
     assert np.isfinite(decode_error_px(_detect(), 320, None))
+
+
+# ------------------------------------------------------------------- the gather with 2 Gloo processes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _gather_worker(rank: int, port: int, stop_rank: int | None, queue) -> None:
+    torch.set_num_threads(1)
+    info = distributed.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
+    distributed.init(info, "gloo", 60.0)
+    try:
+        detect = _detect(nc=3)
+        features, batches = _oracle_batches(detect, 640, 6, seed=5)
+        _noisy(features)
+        mine = range(0, 3) if rank == 0 else range(3, 6)  # shard_batches(6, 2, rank)
+        model = OracleDetector(detect, [features[i] for i in mine])
+        result = evaluate(
+            model,
+            [batches[i] for i in mine],
+            device=torch.device("cpu"),
+            amp=AmpPolicy("off", "cpu"),
+            should_stop=lambda: rank == stop_rank,
+            gather=True,
+        )
+        queue.put((rank, None if result is None else result.to_dict()))
+    finally:
+        distributed.destroy()
+
+
+def _noisy(features) -> None:
+    """Move the oracle's boxes a little, so the metrics are not all 1."""
+    g = torch.Generator().manual_seed(9)
+    for feats in features:
+        feats[0] += torch.randn(feats[0].shape, generator=g) * 0.3
+
+
+def _two_ranks(stop_rank: int | None) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_gather_worker, args=(r, port, stop_rank, queue)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    return results
+
+
+def test_two_gloo_ranks_gather_equal_one_process():
+    detect = _detect(nc=3)
+    features, batches = _oracle_batches(detect, 640, 6, seed=5)
+    _noisy(features)
+    alone = evaluate(
+        OracleDetector(detect, features), batches, device=torch.device("cpu"), amp=AmpPolicy("off", "cpu")
+    ).to_dict()
+    assert 0.05 < alone["mAP50-95"] < 0.95
+    results = _two_ranks(stop_rank=None)
+    assert results[1] is None and results[0] == alone
+
+
+def test_a_stop_on_one_rank_returns_none_on_both_without_hanging():
+    assert _two_ranks(stop_rank=1) == {0: None, 1: None}
