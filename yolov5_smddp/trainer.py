@@ -1,7 +1,8 @@
 """The training loop, top to bottom: decide (batch split, backend, precision) → data (scanned on every
 rank before the process group exists, so no rank waits in a collective while another scans) → process
-group → model, EMA, optimizer groups → resume → epochs (train, validate on rank 0 with the EMA,
-checkpoint, early stop agreed by broadcast) → final outputs on rank 0.
+group → model, EMA, optimizer groups → resume → epochs (train, validate the EMA — every rank its shard,
+metrics on rank 0 — checkpoint, early stop agreed by broadcast) → best.pt re-validated (its numbers are
+`final`) → final outputs on rank 0.
 
 Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
 `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
