@@ -350,7 +350,7 @@ def evaluate(
     Returns None when `should_stop()` turns true (SIGTERM: the checkpoint matters more than the numbers).
 
     Sharded (`gather=True` in a process group): EVERY rank calls this with its own shard of whole batches
-    (`valshard.build_val_loader`); the per-image match results are gathered (all_gather, in rank order)
+    (`data.loader.build_val_loader`); the per-image match results are gathered (all_gather, in rank order)
     and rank 0 returns the metrics — identical to one process validating everything — while the other
     ranks return None. A stop on any rank returns None on all of them (after one agreed all_reduce, so
     no rank is left waiting in the gather).

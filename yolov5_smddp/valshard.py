@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
 from torch.utils.data import Sampler
-
-from yolov5_smddp.data.loader import YoloLoader, _worker_init, collate
 
 
 def shard_batches(batch_count: int, world: int, rank: int) -> range:
@@ -60,21 +57,3 @@ class ContiguousSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:  # the same shard every epoch
         del epoch
-
-
-def build_val_loader(dataset, *, batch_size: int, rank: int, world_size: int, workers: int) -> YoloLoader:
-    """The validation loader for one rank: its contiguous block of whole batches of `dataset` (a rect
-    dataset built with the same `batch_size`), in order, nothing padded."""
-    indices = shard_images(len(dataset), batch_size, max(world_size, 1), rank)
-    return YoloLoader(
-        dataset,
-        rank=rank,
-        batch_size=batch_size,
-        sampler=ContiguousSampler(indices),
-        num_workers=workers,
-        collate_fn=collate,
-        pin_memory=torch.cuda.is_available(),
-        drop_last=False,
-        persistent_workers=workers > 0,
-        worker_init_fn=_worker_init,
-    )

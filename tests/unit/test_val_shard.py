@@ -251,7 +251,7 @@ def _free_port() -> int:
 def _gather_worker(rank: int, port: int, stop_rank: int | None, queue) -> None:
     torch.set_num_threads(1)
     info = distributed.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
-    distributed.init(info, "gloo", 60.0)
+    distributed.init(info, "gloo", "cpu", 60.0)
     try:
         detect = _detect(nc=3)
         features, batches = _oracle_batches(detect, 640, 6, seed=5)
@@ -279,7 +279,7 @@ def _noisy(features) -> None:
 
 
 def _two_ranks(stop_rank: int | None) -> dict:
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # fork from a threaded pytest may deadlock
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_gather_worker, args=(r, port, stop_rank, queue)) for r in range(2)]

@@ -154,20 +154,21 @@ def _validate(args: argparse.Namespace, info) -> int:
 
     from yolov5_smddp import distributed
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.telemetry import emit, metric_line
-    from yolov5_smddp.valshard import build_val_loader, split_summary
+    from yolov5_smddp.valshard import split_summary
 
     main = info.rank == 0
     if info.distributed:
-        cuda = torch.cuda.is_available()
-        wants_smddp = args.backend == "smddp" or (args.backend == "auto" and cuda)
-        backend = distributed.choose_backend(
-            args.backend, cuda, distributed.smddp_importable() if wants_smddp else False
+        backend, device_type = distributed.resolve(
+            args.backend,
+            torch.cuda.is_available(),
+            distributed.smddp_importable,
+            prefer_smddp=info.prefer_smddp,
         )
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = resolve_amp(args.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
@@ -184,23 +185,20 @@ def _validate(args: argparse.Namespace, info) -> int:
         max_pixels=args.max_image_pixels,
     )
     if info.distributed:  # after the scan: a long scan never runs inside the store's timeout
-        device = distributed.init(info, backend, args.dist_timeout)
+        device = distributed.init(info, backend, device_type, args.dist_timeout)
     model = load_model(args.weights, device=device).eval()
     if model.nc != data.nc:
         raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
-    dataset = YoloDataset(
+    loader = build_val_loader(
         index,
         args.imgsz,
-        augment=False,
-        hyp=None,
-        rect=True,
         batch_size=args.batch_size,
         stride=int(model.stride.max()),
-        pad=0.5,
+        workers=args.workers,
+        rank=info.rank,
+        world_size=info.world_size,
     )
-    loader = build_val_loader(
-        dataset, batch_size=args.batch_size, rank=info.rank, world_size=info.world_size, workers=args.workers
-    )
+    dataset = loader.dataset
     if main:
         log.info("val: %s", split_summary(len(dataset), args.batch_size, info.world_size))
     image_ids = {str(p): i for i, p in enumerate(index.images)}
