@@ -272,3 +272,64 @@ def destroy() -> None:
 
         dist.destroy_process_group()
     _state.update(rank=0, world_size=1, backend=None, device=None)
+
+
+# ------------------------------------------------------------------------------- sharded validation
+
+
+def all_gather_rows(tensor: Any) -> list[Any]:
+    """Every rank's `tensor` [n_r, ...] (n_r may differ between ranks; the other dimensions and the dtype
+    may not), in rank order, on every rank, on the CPU.
+
+    Two all_gathers on the default group (what SMDDP supports): the row counts, then the tensors zero-padded
+    to the longest. Runs on this rank's device (CUDA for nccl/smddp). Not initialized → [tensor].
+    """
+    if not is_initialized():
+        return [tensor.cpu()]
+    import torch
+    import torch.distributed as dist
+
+    device = _state["device"] or torch.device("cpu")
+    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(count) for _ in range(world_size())]
+    dist.all_gather(counts, count)
+    sizes = [int(c.item()) for c in counts]
+    padded = torch.zeros((max(sizes), *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+    padded[: tensor.shape[0]] = tensor.to(device)
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    return [g[:n].cpu() for g, n in zip(gathered, sizes)]
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any rank (one all_reduce; plain `flag` when alone)."""
+    if not is_initialized():
+        return flag
+    import torch
+
+    value = torch.tensor([1.0 if flag else 0.0], device=_state["device"] or torch.device("cpu"))
+    return bool(all_reduce_sum(value).item() > 0)
+
+
+def broadcast_module(module: Any, src: int = 0) -> Any:
+    """Copy rank `src`'s parameters and buffers into `module` on every rank, in place (module on this
+    rank's device; same architecture everywhere). Returns the module."""
+    if not is_initialized():
+        return module
+    import torch.distributed as dist
+
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=src)
+    return module
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, in rank order, on every rank (trusted: our own ranks' objects).
+    torch's all_gather_object: an all_gather of the sizes, then of the padded bytes. Alone → [obj]."""
+    if not is_initialized():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out

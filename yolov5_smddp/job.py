@@ -324,7 +324,7 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
 
 OBJECTIVE_METRIC = "val:mAP50-95"
 """The tuning objective: our metric lines' `mAP50-95=` (telemetry.METRIC_DEFINITIONS). AMT takes the LAST
-value a job prints (API FinalHyperParameterTuningJobObjectiveMetric), i.e. the final epoch's validation."""
+value a job prints (API FinalHyperParameterTuningJobObjectiveMetric), i.e. best.pt's re-validation (`final=1`)."""
 OBJECTIVE_TYPES = ("Maximize", "Minimize")
 TUNING_STRATEGIES = ("Bayesian", "Random")
 EARLY_STOPPING_TYPES = ("Off", "Auto")

@@ -1,7 +1,8 @@
 """The training loop, top to bottom: decide (batch split, backend, precision) → data (scanned on every
 rank before the process group exists, so no rank waits in a collective while another scans) → process
-group → model, EMA, optimizer groups → resume → epochs (train, validate on rank 0 with the EMA,
-checkpoint, early stop agreed by broadcast) → final outputs on rank 0.
+group → model, EMA, optimizer groups → resume → epochs (train, validate the EMA — every rank its shard,
+metrics on rank 0 — checkpoint, early stop agreed by broadcast) → best.pt re-validated (its numbers are
+`final`) → final outputs on rank 0.
 
 Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
 `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
@@ -48,6 +49,7 @@ from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model, load_model_config
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
+from yolov5_smddp.valshard import split_summary
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -222,8 +224,8 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
 
 
 def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: int, info, stride: int):
-    """Train loader for this rank; val loader on rank 0 only (None elsewhere). DataError when the
-    training set cannot fill one batch per rank."""
+    """Train loader for this rank; val loader over this rank's shard of whole val batches (see valshard).
+    DataError when the training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import (
         build_dataloader,
@@ -255,17 +257,20 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         seed=config.seed,
         drop_last=True,
     )
-    val_loader = None
+    # every rank validates its shard of whole batches
+    val_batch = per_rank * 2
+    val_loader = build_val_loader(
+        bundle.val_index,
+        config.imgsz,
+        batch_size=val_batch,
+        stride=stride,
+        workers=workers,
+        rank=info.rank,
+        world_size=info.world_size,
+        hyp=hyp,
+    )
     if info.rank == 0:
-        val_loader = build_val_loader(
-            bundle.val_index,
-            config.imgsz,
-            batch_size=per_rank * 2,
-            stride=stride,
-            workers=workers,
-            seed=config.seed,
-            hyp=hyp,
-        )
+        log.info("val: %s", split_summary(len(val_loader.dataset), val_batch, info.world_size))
     return train_loader, val_loader, workers
 
 
@@ -613,10 +618,10 @@ def run_epochs(
                 outcome.interrupted = True
                 break
             outcome.throughputs.append(result.throughput)
-            # -- validate on rank 0 with the EMA weights; the others wait in the broadcast below
+            # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
             metrics = None
             last_epoch = epoch + 1 == config.epochs
-            if main and val_loader is not None and (not config.noval or last_epoch):
+            if val_loader is not None and (not config.noval or last_epoch):
                 metrics = evaluate(
                     run.stack.ema.module,
                     val_loader,
@@ -626,7 +631,8 @@ def run_epochs(
                     iou_thres=config.val_iou,
                     max_det=config.max_det,
                     should_stop=lambda: stop.requested,
-                )  # None when SIGTERM cut it short
+                    gather=True,
+                )  # None when SIGTERM cut it short, and on ranks other than 0
             state.epoch = epoch + 1
             if main:
                 end_epoch(run, state, result, metrics, time.perf_counter() - epoch_started, board)
@@ -648,6 +654,12 @@ def run_epochs(
                 break
     if board is not None:
         board.close()
+    if not outcome.interrupted and val_loader is not None:
+        # the final numbers are best.pt's (every rank, sharded), not the last epoch's
+        best_metrics = validate_best(run, val_loader)
+        outcome.final_metrics = best_metrics if best_metrics is not None else outcome.final_metrics
+        if main and best_metrics is not None:
+            emit(metric_line(final=1, **best_metrics.to_dict()), main=True)
     return outcome
 
 
@@ -713,6 +725,33 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
         write_final_outputs(run, state, outcome, started)
     distributed.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
+def validate_best(run: Run, val_loader) -> DetectionMetrics | None:
+    """Validate the weights model_dir/best.pt receives — the best checkpoint's EMA, rounded to float16 as
+    it is stored — on every rank, sharded. Rank 0 reads best.pt and broadcasts the weights (checkpoint
+    folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt."""
+    ema, config = run.stack.ema, run.config
+    best_path = run.dirs.checkpoint_dir / checkpoint.BEST
+    if not distributed.broadcast_object(best_path.is_file() if run.main else None):
+        return None
+    if run.main:
+        ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
+    distributed.broadcast_module(ema.module)
+    with torch.no_grad():
+        for tensor in ema.module.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.half().float())
+    return evaluate(
+        ema.module,
+        val_loader,
+        device=run.device,
+        amp=run.amp,
+        conf_thres=config.val_conf,
+        iou_thres=config.val_iou,
+        max_det=config.max_det,
+        gather=True,
+    )
 
 
 def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOutcome, started: float) -> None:

@@ -34,6 +34,7 @@ from yolov5_smddp.data.worker_errors import (
     worker_death_error,
 )
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.valshard import ContiguousSampler, shard_images
 
 log = logging.getLogger(__name__)
 _EMPTY_SIDE = 32  # an all-skipped validation batch: no images, one stride in size
@@ -229,20 +230,32 @@ def build_dataloader(
 
 
 def build_val_loader(
-    index, imgsz: int, *, batch_size: int, stride: int, workers: int, seed: int = 0, hyp: dict | None = None
-) -> DataLoader:
-    """The validation loader of training (rank 0) and of `yolov5-smddp val`: every image of `index` in
-    order, letterboxed in rectangular batches (pad 0.5 stride), no augmentation, one process."""
+    index,
+    imgsz: int,
+    *,
+    batch_size: int,
+    stride: int,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    hyp: dict | None = None,
+) -> YoloLoader:
+    """The validation loader of training and of `yolov5-smddp val` for one rank: images of `index`
+    letterboxed in rectangular batches (pad 0.5 stride), no augmentation, in order; this rank's contiguous
+    block of WHOLE batches (see `valshard`), nothing padded or repeated."""
     dataset = YoloDataset(
         index, imgsz, augment=False, hyp=hyp, rect=True, batch_size=batch_size, stride=stride, pad=0.5
     )
-    return build_dataloader(
+    indices = shard_images(len(dataset), batch_size, max(world_size, 1), rank)
+    return YoloLoader(
         dataset,
+        rank=rank,
         batch_size=batch_size,
-        rank=0,
-        world_size=1,
-        workers=workers,
-        shuffle=False,
-        seed=seed,
+        sampler=ContiguousSampler(indices),
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=torch.cuda.is_available(),
         drop_last=False,
+        persistent_workers=workers > 0,
+        worker_init_fn=_worker_init,
     )
