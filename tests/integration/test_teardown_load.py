@@ -35,6 +35,25 @@ HOGS = 2
 pytestmark = pytest.mark.slow
 
 # the per-worker entry, with a stack dump of every thread on SIGUSR1 (sent when a round hangs)
+# the root cause on its own: many init / collective on a temporary tensor / destroy cycles, each of which
+# could deadlock in torch 2.6's Gloo teardown (it did within 20 cycles beside the hogs before the fix)
+CYCLES = int(os.environ.get("YOLOV5_SMDDP_TEARDOWN_CYCLES", "60"))
+CYCLE_WORKER = """
+import faulthandler, signal, sys
+import torch
+import torch.distributed as dist
+from yolov5_smddp import distributed
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+rank, folder, cycles = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for cycle in range(cycles):
+    store = dist.FileStore(f"{folder}/store{cycle}", 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    dist.all_reduce(torch.ones(16))  # Python lets go of the tensor; Gloo's worker may still hold it
+    distributed.broadcast_object(cycle)
+    distributed.destroy()
+print(f"rank {rank}: {cycles} cycles", flush=True)
+"""
+
 WORKER = (
     "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
     "from yolov5_smddp.commands.train import main; sys.exit(main(sys.argv[1:]))"
@@ -174,6 +193,35 @@ def _check_rounds(name: str, cmd_for, tmp_path: Path) -> None:
             failures.append(f"round {index + 1}: {', '.join(problems)}\n{result.text[-6000:]}")
     summary = "\n".join(report)
     assert not failures, f"{name}: {hung} of {ROUNDS} rounds hung\n{summary}\n\n" + "\n\n".join(failures)
+
+
+def test_init_destroy_cycles_never_deadlock(tmp_path, hogs):
+    env = child_env()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CYCLE_WORKER, str(rank), str(tmp_path), str(CYCLES)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=ROUND_LIMIT_S)[0])
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                if other.poll() is None:
+                    other.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
+            time.sleep(3)
+            for other in procs:
+                other.kill()
+            dumps = "\n".join(p.communicate(timeout=60)[0] or "" for p in procs)
+            pytest.fail(f"init/destroy cycles hung after {ROUND_LIMIT_S:.0f} s:\n{dumps[-8000:]}")
+    for rank, (proc, text) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0 and f"rank {rank}: {CYCLES} cycles" in text, text[-4000:]
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
