@@ -293,10 +293,12 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
         return
     succeeded = exit_code is not None
     limit = limit_s if limit_s is not None else TEARDOWN_LIMIT_S if succeeded else FAILED_TEARDOWN_LIMIT_S
-    where = f"rank {rank()} of {world_size()}"
+    where, main, started = f"rank {rank()} of {world_size()}", is_main(), time.monotonic()
     finished = run_bounded(lambda: _leave(succeeded), limit)
     _forget()
     if finished:
+        if main:
+            log.info("left the process group in %.1f s", time.monotonic() - started)
         return
     if exit_code is not None:
         log.warning(

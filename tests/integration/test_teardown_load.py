@@ -75,6 +75,10 @@ class Round:
         done = [at for at, line in self.lines if "done: " in line]
         return ended - done[-1] if done else None
 
+    def exit_after_left(self, ended: float) -> float | None:
+        left = [at for at, line in self.lines if "left the process group in" in line]
+        return ended - left[-1] if left else None
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
@@ -169,11 +173,12 @@ def _check_rounds(name: str, cmd_for, tmp_path: Path) -> None:
         out = tmp_path / f"round{index}"
         cmd, env = cmd_for(out)
         result, ended = _run_round(cmd, env)
-        after_done = result.exit_after_done(ended)
+        after_done, after_left = result.exit_after_done(ended), result.exit_after_left(ended)
         watchdog = result.text.count("teardown watchdog")
         report.append(
             f"{name} round {index + 1}: code={result.code} {result.seconds:.0f} s "
             f"exit-after-done={after_done if after_done is None else round(after_done, 1)} s "
+            f"exit-after-left={after_left if after_left is None else round(after_left, 1)} s "
             f"hung={result.hung} watchdog={watchdog}"
         )
         print(report[-1], flush=True)
