@@ -9,7 +9,13 @@ created (`new_group` breaks SMDDP); every collective runs on the default group.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
+import logging
+import os
+import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +25,8 @@ from yolov5_smddp.errors import ConfigError
 
 SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
 DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ def resolve(
 
 # ------------------------------------------------------------------------------------- process state
 
-_state: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None, "device": None}
+_state: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None, "device": None, "store": None}
 
 
 def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> Any:
@@ -209,6 +217,7 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
     )
+    _state.update(store=store, store_host=None if info.agent_store else 0)  # for teardown()
     return device
 
 
@@ -267,11 +276,181 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def destroy() -> None:
+    """Leave the process group now (no final barrier, no watchdog: see teardown() for the end of a job)."""
     if is_initialized():
-        import torch.distributed as dist
+        _destroy_process_group()
+    _forget()
 
-        dist.destroy_process_group()
-    _state.update(rank=0, world_size=1, backend=None, device=None)
+
+def _forget() -> None:
+    _state.update(rank=0, world_size=1, backend=None, device=None, store=None, store_host=None)
+
+
+# ------------------------------------------------------------------------------------------- teardown
+#
+# The end of a distributed job must not hang (issue 10). What hung: torch 2.6 (this image's; the DLCs'
+# 2.3-2.5 share the code; fixed upstream by pytorch/pytorch#154976) destroys the ProcessGroup wrapper
+# with the GIL held, and the Gloo backend's destructor joins its worker threads. A worker thread still
+# dropping its reference to the last finished collective frees that collective's tensors, and a tensor
+# whose Python object Python had already let go of needs the GIL to be freed: each thread waits for
+# the other, forever. The worker is only that late when the CPU is busy. The backend classes
+# (ProcessGroupGloo, ProcessGroupNCCL) are bound so that their destructor releases the GIL: holding our
+# own reference to the backends across destroy_process_group() and dropping it afterwards runs the
+# blocking destructor without the GIL.
+#
+# On top of that fix: a final barrier (no rank tears down while another still runs collectives), the
+# TCPStore's host (rank 0 under mpirun and our stand-in; torchrun's agent otherwise) leaves last, and
+# a watchdog bounds the whole teardown.
+
+TEARDOWN_LIMIT_S = 45.0
+"""After a successful run, a rank still tearing down after this long is ended by the watchdog with
+the run's exit code (its outputs are written): every rank exits within 60 s of the end of the run."""
+FAILED_TEARDOWN_LIMIT_S = 30.0
+"""After a failure, the teardown is abandoned after this long (the exception then goes on its way)."""
+STORE_HOST_WAIT_S = 20.0
+"""How long the rank that hosts the TCPStore waits for the others to say they have left."""
+BACKSTOP_S = 10.0
+"""faulthandler's own thread (it needs no GIL) dumps every stack and ends the process (exit code 1)
+this long after a limit, should the watchdog itself be unable to run."""
+EXIT_BACKSTOP_S = 60.0
+"""After an abandoned teardown, the process ends (exit code 1) at the latest this long later."""
+TEARDOWN_DONE_KEY = "yolov5_smddp/teardown/left"
+
+
+def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
+    """End this rank's part in the job: final barrier, leave the process group, the store's host
+    leaves last, all bounded. `exit_code` is the run's exit code (its outputs are written), or None
+    when the run failed (an exception is on its way out: no barrier, no waiting for peers).
+
+    After a success, a teardown that overruns its limit ends the process: one log line, then
+    os._exit(exit_code). After a failure it is abandoned with a log line (the caller goes on to
+    report the failure) and the process is made to end within EXIT_BACKSTOP_S.
+    """
+    if not is_initialized():
+        _forget()
+        return
+    succeeded = exit_code is not None
+    limit = limit_s if limit_s is not None else TEARDOWN_LIMIT_S if succeeded else FAILED_TEARDOWN_LIMIT_S
+    where, main, started = f"rank {rank()} of {world_size()}", is_main(), time.monotonic()
+    finished = run_bounded(lambda: _leave(succeeded), limit)
+    _forget()
+    if finished:
+        if main:
+            log.info("left the process group in %.1f s", time.monotonic() - started)
+        return
+    if exit_code is not None:
+        log.warning(
+            "teardown watchdog: %s did not finish leaving the process group in %.0f s; its outputs "
+            "are written, ending the process with exit code %d",
+            where,
+            limit,
+            exit_code,
+        )
+        _flush_outputs()
+        os._exit(exit_code)
+    log.warning(
+        "teardown watchdog: %s failed and did not finish leaving the process group in %.0f s; "
+        "abandoned (the process ends within %.0f s)",
+        where,
+        limit,
+        EXIT_BACKSTOP_S,
+    )
+    faulthandler.dump_traceback_later(EXIT_BACKSTOP_S, exit=True)
+
+
+def run_bounded(work: Callable[[], None], limit_s: float, *, backstop_s: float = BACKSTOP_S) -> bool:
+    """Run `work` in a daemon thread; True when it finished within `limit_s` (an exception it raised
+    is logged, not raised), False when it is still running (it is left to run).
+
+    While waiting, faulthandler's thread is armed `backstop_s` after the limit: a `work` that never
+    releases the GIL (so that this thread cannot even notice the limit) still ends the process, with
+    every thread's stack on stderr and exit code 1.
+    """
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the waiting thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="yolov5-smddp-teardown", daemon=True)
+    faulthandler.dump_traceback_later(limit_s + backstop_s, exit=True)
+    try:
+        thread.start()
+        thread.join(limit_s)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    if thread.is_alive():
+        return False
+    if failure:
+        log.warning("teardown: %s", failure[0], exc_info=failure[0])
+    return True
+
+
+def _leave(succeeded: bool) -> None:
+    store, host, me, world = _state.get("store"), _state.get("store_host"), rank(), world_size()
+    if succeeded:
+        try:
+            barrier()  # final: nobody tears down while another rank still runs a collective
+        except Exception as exc:  # a peer that died after the run: leave without it
+            log.warning("teardown: the final barrier failed on rank %d: %s", me, exc)
+            succeeded = False
+    _destroy_process_group()
+    if succeeded and store is not None and host is not None:
+        _host_leaves_last(store, me == host, me, world, STORE_HOST_WAIT_S)
+
+
+def _flush_outputs() -> None:
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - about to exit; a broken handler must not stop that
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _destroy_process_group() -> None:
+    """destroy_process_group() with the backends' (blocking) destructors run without the GIL."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    backends = []
+    for device_type in ("cpu", "cuda"):
+        try:
+            backends.append(group._get_backend(torch.device(device_type)))
+        except (RuntimeError, ValueError):
+            pass
+    del group
+    dist.destroy_process_group()
+    backends.clear()  # the last references: each destructor releases the GIL, then joins its threads
+
+
+def _host_leaves_last(store: Any, is_host: bool, me: int, world: int, wait_s: float) -> None:
+    """The other ranks say they have left; the store's host waits (at most `wait_s`) until all have."""
+    if not is_host:
+        try:
+            store.add(TEARDOWN_DONE_KEY, 1)
+        except Exception as exc:  # noqa: BLE001 - the host is gone already: nothing left to tell
+            log.debug("teardown: could not tell the store's host: %s", exc)
+        return
+    deadline = time.monotonic() + wait_s
+    while (left := store.add(TEARDOWN_DONE_KEY, 0)) < world - 1:
+        if time.monotonic() >= deadline:
+            log.warning(
+                "teardown: %d of %d other ranks had not left after %.0f s; rank %d leaves anyway",
+                world - 1 - left,
+                world - 1,
+                wait_s,
+                me,
+            )
+            return
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------- sharded validation

@@ -81,6 +81,7 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=smddp world_size=2 global_batch=8 per_rank=4" in proc.stdout
+    assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)
     assert torch.load(out / "ckpt" / "last.pt", weights_only=True)["world_size"] == 2
 
@@ -114,4 +115,5 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=gloo world_size=2" in proc.stdout
+    assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)

@@ -1,8 +1,17 @@
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 
 from yolov5_smddp import distributed
 from yolov5_smddp.distributed import detect_dist_info, resolve
 from yolov5_smddp.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def test_single_process_without_launcher():
@@ -197,3 +206,106 @@ def test_mpirun_local_size_from_the_jobs_hosts_when_given():
     }
     info = detect_dist_info(twelfth, default_master="algo-1", hosts_in_job=2)
     assert (info.local_rank, info.local_world_size, info.node_rank, info.nnodes) == (4, 8, 1, 2)
+
+
+# ---- teardown (issue 10): bounded, the store's host last, a watchdog that ends a stuck rank
+
+_ONE_RANK = (
+    "import os, socket; from yolov5_smddp import distributed; "
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close(); "
+    "info = distributed.DistInfo(0, 0, 1, 1, 0, '127.0.0.1', port, 'mpirun', "
+    "use_libuv=os.environ.get('USE_LIBUV', '1') == '1'); "
+    "distributed.init(info, 'gloo', 'cpu', 30); "
+)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_watchdog_ends_a_stuck_teardown_with_the_runs_exit_code():
+    proc = _python(
+        _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
+        "distributed.teardown(7, limit_s=1); print('not reached')"
+    )
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert (
+        "teardown watchdog: rank 0 of 1 did not finish leaving the process group in 1 s; its outputs "
+        "are written, ending the process with exit code 7"
+    ) in proc.stderr
+    assert "not reached" not in proc.stdout
+
+
+def test_a_stuck_teardown_after_a_failure_is_abandoned_and_the_failure_goes_on():
+    proc = _python(
+        _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
+        "distributed.teardown(None, limit_s=1); print('reported:', distributed.is_initialized())"
+    )
+    # the caller goes on (reports its failure) and the process still ends, by the exit backstop or here
+    assert "reported: True" in proc.stdout or "reported: False" in proc.stdout, proc.stderr
+    assert (
+        "teardown watchdog: rank 0 of 1 failed and did not finish leaving the process group in 1 s; "
+        "abandoned (the process ends within 60 s)"
+    ) in proc.stderr
+
+
+def test_teardown_leaves_the_group_and_forgets_the_ranks():
+    proc = _python(
+        _ONE_RANK + "distributed.teardown(0); "
+        "print('after:', distributed.is_initialized(), distributed.world_size(), distributed._state['store'])"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "after: False 1 None" in proc.stdout
+    assert "teardown watchdog" not in proc.stderr
+
+
+def test_the_backstop_ends_a_process_that_never_releases_the_gil():
+    # a C call made with the GIL held: the waiting thread cannot even notice its limit
+    proc = _python(
+        "import ctypes; from yolov5_smddp.distributed import run_bounded; "
+        "run_bounded(lambda: ctypes.PyDLL(None).sleep(60), 0.5, backstop_s=1.5); print('not reached')"
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Timeout (0:00:02)!" in proc.stderr and "run_bounded" in proc.stderr
+    assert "not reached" not in proc.stdout
+
+
+def test_run_bounded_finished_overrun_and_failed(caplog):
+    assert distributed.run_bounded(lambda: None, 30) is True
+    release = threading.Event()
+    assert distributed.run_bounded(lambda: release.wait(60), 0.2) is False
+    release.set()
+
+    def fails():
+        raise RuntimeError("gloo said no")
+
+    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed"):
+        assert distributed.run_bounded(fails, 30) is True
+    assert "teardown: gloo said no" in caplog.text
+
+
+def test_the_store_host_waits_for_the_others_then_leaves(caplog):
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    for me in (1, 2):  # the two other ranks say they have left
+        distributed._host_leaves_last(store, False, me, 3, 5.0)
+    assert store.add(distributed.TEARDOWN_DONE_KEY, 0) == 2
+    distributed._host_leaves_last(store, True, 0, 3, 5.0)  # returns at once: both have left
+    assert "leaves anyway" not in caplog.text
+
+    lonely = dist.HashStore()
+    distributed._host_leaves_last(lonely, False, 1, 3, 5.0)
+    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed"):
+        distributed._host_leaves_last(lonely, True, 0, 3, 0.3)  # rank 2 never says so
+    assert "teardown: 1 of 2 other ranks had not left after 0 s; rank 0 leaves anyway" in caplog.text
+
+
+def test_a_rank_whose_store_host_is_gone_still_leaves():
+    class Gone:
+        def add(self, key, value):
+            raise RuntimeError("Connection reset by peer")
+
+    distributed._host_leaves_last(Gone(), False, 1, 2, 5.0)  # no exception

@@ -38,9 +38,14 @@ def run_config(config, info=None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     dirs = resolve_output_dirs(config, Path.cwd())
     try:
-        return trainer.train(config, info, dirs)
-    finally:
-        distributed.destroy()
+        code = trainer.train(config, info, dirs)
+    except BaseException:
+        distributed.teardown(None)  # bounded; the failure goes on to be reported
+        raise
+    # outputs are written: leave together, the store's host last; a stuck teardown ends this process
+    # with `code` (yolov5_smddp.distributed.teardown)
+    distributed.teardown(code)
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
