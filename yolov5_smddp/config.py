@@ -29,6 +29,12 @@ OPTIMIZERS = ("SGD", "Adam", "AdamW")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "smddp", "nccl", "gloo")
 CACHE_MODES = ("ram",)  # decoded images in RAM, each rank its own shard
+MOSAIC_PARTNERS = ("random", "recent")  # the release's sampling; the opt-in recent-image pool
+RECENT_PARTNERS_HELP = (
+    "mosaic partners: 'random' (default, the release's: uniform over the dataset, or over this rank's "
+    "cached images with --cache ram) or 'recent' (this worker's recently decoded images: one JPEG decode "
+    "per sample instead of four, but it cost 0.03 mAP50-95 on the shapes benchmark, docs/ACCURACY.md)"
+)
 
 # Allowed closed ranges per hyperparameter key; the YAMLs in yolov5_smddp/hyps/ hold every key.
 HYP_RANGES: dict[str, tuple[float, float]] = {
@@ -108,6 +114,9 @@ class TrainConfig:
     """SyncBatchNorm under DDP (GPU backends only)."""
     cache: str | None = None
     """cache decoded images: 'ram' (each rank its shard); None → decode every time. No disk cache."""
+    mosaic_partners: str = "random"
+    """mosaic sampling: 'random' (the release's) or 'recent' (faster, less accurate; see
+    RECENT_PARTNERS_HELP and docs/ACCURACY.md)."""
     max_image_pixels: int = DEFAULT_MAX_PIXELS
     """skip images whose header claims more pixels (w * h) than this, before decoding them. 2^27 keeps
     a decoded image at 384 MiB, which every loader worker of every GPU may hold at once; OpenCV itself
@@ -178,6 +187,12 @@ class TrainConfig:
             "--cache",
             self.cache,
             "must be 'ram' (or absent); there is no disk cache",
+        )
+        _check(
+            self.mosaic_partners in MOSAIC_PARTNERS,
+            "--mosaic-partners",
+            self.mosaic_partners,
+            f"must be one of {', '.join(MOSAIC_PARTNERS)}",
         )
         _check(self.max_image_pixels >= 1, "--max-image-pixels", self.max_image_pixels, "must be >= 1")
         _check(self.amp in AMP_MODES, "--amp", self.amp, f"must be one of {', '.join(AMP_MODES)}")
@@ -426,6 +441,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "multi-scale", help="vary image size +/-50%% per batch", **flag)
     _add(parser, "sync-bn", help="SyncBatchNorm under DDP", **flag)
     _add(parser, "cache", type=_optional_cache, nargs="?", const="ram", help="cache decoded images in RAM")
+    _add(parser, "mosaic-partners", type=_choice(MOSAIC_PARTNERS), help=RECENT_PARTNERS_HELP)
     _add(
         parser,
         "max-image-pixels",

@@ -182,6 +182,7 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         batch_size=per_rank,
         stride=stride,
         cache_images=config.cache,
+        mosaic_partners=config.mosaic_partners,
         seed=config.seed,
     )
     train_loader = build_dataloader(
