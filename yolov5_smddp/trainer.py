@@ -450,6 +450,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             epoch,
             epochs=config.epochs,
             warmup_iters=warmup_iters,
+            batches_per_epoch=batches,
             hyp=hyp,
             cosine=config.cos_lr,
             nominal_accumulate=accumulate,
@@ -465,6 +466,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                 "kind": "cosine" if config.cos_lr else "linear",
                 "warmup_iters": warmup_iters,
                 "accumulate": accumulate,
+                "lag": "release",  # lr_factor one epoch behind after warmup (engine.scheduled_epoch)
             },
             "epoch": next_epoch,
             "iteration": next_iteration,
