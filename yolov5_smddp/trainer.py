@@ -193,7 +193,7 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         workers=workers,
         shuffle=not config.rect,
         seed=config.seed,
-        drop_last=True,
+        drop_last=False,  # the release's: each epoch sees every image (last batch may be partial)
     )
     val_loader = None
     if info.rank == 0:
