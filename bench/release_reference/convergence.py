@@ -3,6 +3,8 @@
   convergence.py data DIR [--n-train N --n-val N --width W --height H --seed S]
       write the shapes task (yolov5_smddp.data.synthetic.make_shapes_dataset) under DIR and a data.yaml
       with an absolute `path` (the release resolves a relative one against its own install folder).
+  convergence.py hyp OUT KEY=VALUE,...
+      the release's scratch-low hyperparameters with those replaced, as a YAML file for its --hyp.
   convergence.py score RUN_DIR LOG
       read `yolov5-smddp val`'s metric line from LOG into RUN_DIR/score.json.
   convergence.py table OUT_DIR
@@ -36,6 +38,23 @@ def _data(args: argparse.Namespace) -> int:
     text = yaml_path.read_text().replace("path: .\n", f"path: {root}\n", 1)
     yaml_path.write_text(text)
     print(yaml_path)
+    return 0
+
+
+def _hyp(args: argparse.Namespace) -> int:
+    """The release's scratch-low hyperparameters with `key=value,...` replaced, as a YAML file for its
+    --hyp (ours takes the same string as --hyp-override)."""
+    import yaml
+    import yolov5  # the release, only in the throwaway image
+
+    hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
+    for item in filter(None, args.overrides.split(",")):
+        key, value = item.split("=", 1)
+        if key not in hyp:
+            print(f"unknown hyperparameter {key!r}", file=sys.stderr)
+            return 2
+        hyp[key] = float(value)
+    Path(args.out).write_text(yaml.safe_dump(hyp, sort_keys=False))
     return 0
 
 
@@ -120,13 +139,16 @@ def main() -> int:
     data.add_argument("--width", type=int, default=256)
     data.add_argument("--height", type=int, default=192)
     data.add_argument("--seed", type=int, default=0)
+    hyp = sub.add_parser("hyp")
+    hyp.add_argument("out")
+    hyp.add_argument("overrides")
     score = sub.add_parser("score")
     score.add_argument("run_dir")
     score.add_argument("log")
     table = sub.add_parser("table")
     table.add_argument("out_dir")
     args = parser.parse_args()
-    return {"data": _data, "score": _score, "table": _table}[args.command](args)
+    return {"data": _data, "hyp": _hyp, "score": _score, "table": _table}[args.command](args)
 
 
 if __name__ == "__main__":
