@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).parent.parent.parent
-# Measured with this recipe (2-core CPU, 10 epochs): mAP50 by epoch 0.0008, 0.0012, 0.0027, 0.019, 0.017,
-# 0.048, 0.049, ... (mAP50-95 up to 0.0157); an untrained model scores ~0.001. The floors sit at about a third
-# of the best epochs of the first 8, so numeric drift between machines does not fail the test while a run
-# that stops learning does.
-MAP50_FLOOR = 0.015
+# Measured with this recipe (2-core CPU at a load average of ~25, 3.5 min): mAP50 by epoch 0.0008, 0.0012,
+# 0.0020, 0.0056, 0.012, 0.028, 0.018, 0.035 (mAP50-95 up to 0.0125); an untrained model scores ~0.001.
+# The floors sit at about a third of the best epoch, so numeric drift between machines does not fail the
+# test while a run that stops learning does.
+MAP50_FLOOR = 0.012
 MAP50_95_FLOOR = 0.004
 EPOCHS = 8
 
