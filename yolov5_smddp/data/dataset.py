@@ -12,8 +12,8 @@ Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
   the images this rank cached (its shard: the whole dataset on one rank), so a sample decodes nothing;
 - `mosaic_partners="recent"` (opt-in, a measured accuracy cost: see docs/ACCURACY.md) draws partners
   from a small pool of images this process decoded recently (`partner_pool`) with the item's image
-  always top-left: one decode per sample instead of four, but about half as many distinct images per
-  batch;
+  always top-left: one decode per sample instead of four, but fewer distinct images per batch (partners
+  only from the ~32 images decoded last);
 - JPEGs at least twice the target size are decoded at reduced scale (libjpeg DCT scaling);
 - RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
