@@ -103,10 +103,10 @@ def _table(args: argparse.Namespace) -> int:
         "|---|---|---|---|---|---|",
     ]
     for r in runs:
-        curve = " ".join(f"{v:.3f}" for v in r["curve"])
+        curve = " ".join(f"{v:.4f}" for v in r["curve"])
         lines.append(
-            f"| {r['variant']} | {r['seed']} | {r.get('mAP50-95', float('nan')):.3f} | "
-            f"{r.get('mAP50', float('nan')):.3f} | {r['wall_s'] / 60:.1f} | {curve} |"
+            f"| {r['variant']} | {r['seed']} | {r.get('mAP50-95', float('nan')):.4f} | "
+            f"{r.get('mAP50', float('nan')):.4f} | {r['wall_s'] / 60:.1f} | {curve} |"
         )
     lines += [
         "",
@@ -119,8 +119,8 @@ def _table(args: argparse.Namespace) -> int:
             continue
         a, b = [r["mAP50-95"] for r in mine], [r["mAP50"] for r in mine]
         lines.append(
-            f"| {variant} | {len(mine)} | {statistics.mean(a):.3f} ({min(a):.3f}..{max(a):.3f}) | "
-            f"{statistics.mean(b):.3f} ({min(b):.3f}..{max(b):.3f}) | "
+            f"| {variant} | {len(mine)} | {statistics.mean(a):.4f} ({min(a):.4f}..{max(a):.4f}) | "
+            f"{statistics.mean(b):.4f} ({min(b):.4f}..{max(b):.4f}) | "
             f"{statistics.mean(r['wall_s'] for r in mine) / 60:.1f} |"
         )
     text = "\n".join(lines) + "\n"
