@@ -177,25 +177,41 @@ class StepSettings:
     accumulate: int
 
 
+def scheduled_epoch(epoch: int, *, warmup_iters: int, batches_per_epoch: int) -> int:
+    """The epoch whose lr_factor sets the learning rate in `epoch` once warmup is over: the release's lag.
+
+    The release's LambdaLR starts at last_epoch = start_epoch - 1 and steps at each epoch's end, so epoch
+    e trains at lf(e - 1); only the epoch in which warmup ends keeps the lf(e) its interpolation reached
+    (warmup's last iteration is iteration warmup_iters, in epoch warmup_iters // batches_per_epoch).
+    """
+    warmup_end_epoch = warmup_iters // max(batches_per_epoch, 1)
+    return epoch if epoch <= warmup_end_epoch else epoch - 1
+
+
 def step_settings(
     iteration: int,
     epoch: int,
     *,
     epochs: int,
     warmup_iters: int,
+    batches_per_epoch: int,
     hyp: dict,
     cosine: bool,
     nominal_accumulate: int,
 ) -> StepSettings:
-    """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`.
+    """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`: a pure
+    function of (iteration, epoch), so a resumed run trains with the same values as an uninterrupted one.
 
     During warmup (iteration < warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0,
-    momentum warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor, momentum,
-    nominal_accumulate); afterwards they are the scheduled values.
+    momentum warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor(epoch),
+    momentum, nominal_accumulate); afterwards they are lr0 * lr_factor(scheduled_epoch(...)): one epoch
+    behind after the epoch where warmup ends, as the release's scheduler runs.
     """
-    lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
     if iteration >= warmup_iters:
+        at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
+        lr = hyp["lr0"] * lr_factor(at, epochs, hyp["lrf"], cosine)
         return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal_accumulate)
+    lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
     t = iteration / warmup_iters
     bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
     other = t * lr

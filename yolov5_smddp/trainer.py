@@ -245,6 +245,7 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         batch_size=per_rank,
         stride=stride,
         cache_images=config.cache,
+        mosaic_partners=config.mosaic_partners,
         seed=config.seed,
     )
     train_loader = build_dataloader(
@@ -255,7 +256,7 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         workers=workers,
         shuffle=not config.rect,
         seed=config.seed,
-        drop_last=True,
+        drop_last=False,  # the release's: each epoch sees every image (last batch may be partial)
     )
     # every rank validates its shard of whole batches
     val_batch = per_rank * 2
@@ -413,6 +414,8 @@ class Run:
     stack: TrainingStack
     warmup_iters: int = MIN_WARMUP_ITERS
     """set once the train loader's length is known."""
+    batches_per_epoch: int = 1
+    """the train loader's length (the schedule's epoch lag needs it)."""
 
     @property
     def main(self) -> bool:
@@ -429,6 +432,7 @@ class Run:
             epoch,
             epochs=self.config.epochs,
             warmup_iters=self.warmup_iters,
+            batches_per_epoch=self.batches_per_epoch,
             hyp=self.hyp,
             cosine=self.config.cos_lr,
             nominal_accumulate=self.stack.accumulate,
@@ -444,6 +448,7 @@ class Run:
                 "kind": "cosine" if self.config.cos_lr else "linear",
                 "warmup_iters": self.warmup_iters,
                 "accumulate": self.stack.accumulate,
+                "lag": "release",  # lr_factor one epoch behind after warmup (engine.scheduled_epoch)
             },
             **state.to_checkpoint(),
             "rng": checkpoint.capture_rng_state(),
@@ -709,6 +714,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
         config, bundle, run.hyp, decided.plan.per_rank, info, int(model.stride.max())
     )
     run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
+    run.batches_per_epoch = len(train_loader)
     if run.main:
         log.info(
             "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",

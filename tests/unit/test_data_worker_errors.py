@@ -156,9 +156,17 @@ def test_a_worker_killed_with_sigkill_ends_the_pass_with_the_explanation(tmp_pat
 
 @pytest.mark.parametrize(
     ("n", "batch", "world", "steps"),
-    [(16, 16, 1, 1), (15, 16, 1, 0), (33, 4, 2, 4), (31, 16, 2, 0), (7, 1, 8, 0), (64, 8, 8, 1)],
+    [
+        (16, 16, 1, 1),
+        (17, 16, 1, 2),
+        (33, 4, 2, 5),
+        (31, 16, 2, 1),
+        (7, 1, 8, 1),
+        (64, 8, 8, 1),
+        (65, 8, 8, 2),
+    ],
 )
-def test_steps_per_epoch_with_dropped_incomplete_batches(n, batch, world, steps):
+def test_steps_per_epoch_keeps_the_incomplete_last_batch(n, batch, world, steps):
     assert steps_per_epoch(n, batch, world) == steps
 
 
@@ -168,7 +176,7 @@ def test_a_training_set_smaller_than_one_batch_per_rank_is_an_error():
         check_batch_fits(10, 16, 1)
     assert str(small.value) == (
         "the training set has 10 usable images: with 1 rank(s) each rank gets 10, fewer than its batch of 16, so "
-        "every epoch would run 0 steps (incomplete batches are dropped so that all ranks step together); use "
+        "every step would train on fewer images than the batch asked for; use "
         "--batch-per-gpu 10 or less (--batch-size 10), or add images"
     )
     with pytest.raises(

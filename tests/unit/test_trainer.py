@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,16 +35,87 @@ def test_lr_factor_linear_and_cosine():
 
 
 def test_warmup_interpolation_exact_values():
-    kw = {"epochs": 10, "warmup_iters": 100, "hyp": HYP, "cosine": False, "nominal_accumulate": 4}
+    kw = {
+        "epochs": 10,
+        "warmup_iters": 100,
+        "batches_per_epoch": 40,
+        "hyp": HYP,
+        "cosine": False,
+        "nominal_accumulate": 4,
+    }
     s0 = step_settings(0, 0, **kw)
     assert s0.lrs == {"bias": 0.1, "weight": 0.0, "norm": 0.0} and s0.momentum == 0.8 and s0.accumulate == 1
     s50 = step_settings(50, 0, **kw)
     assert s50.lrs["bias"] == pytest.approx(0.1 + 0.5 * (0.01 - 0.1))
     assert s50.lrs["weight"] == pytest.approx(0.005)
     assert s50.momentum == pytest.approx(0.8 + 0.5 * 0.137) and s50.accumulate == 2  # round(2.5) = 2
-    after = step_settings(100, 3, **kw)
-    assert after.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.3) * 0.99 + 0.01))
+    end = step_settings(100, 2, **kw)  # warmup's last iteration (in epoch 2): the epoch's own factor
+    assert end.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.2) * 0.99 + 0.01))
+    after = step_settings(130, 3, **kw)  # one epoch behind afterwards, as the release's LambdaLR
+    assert after.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.2) * 0.99 + 0.01))
     assert after.lrs["bias"] == after.lrs["weight"] and after.momentum == 0.937 and after.accumulate == 4
+
+
+def _release_schedule_trace(epochs, nb, nw, batch, cosine):
+    """(lrs of the bias, weight, norm groups, momentum, accumulate) per iteration, produced the way the
+    release drives torch's LambdaLR: created at lr0, last_epoch set to start_epoch - 1, warmup by
+    np.interp towards initial_lr * lf(epoch) for iterations <= nw, scheduler.step() at each epoch end."""
+    lrf = HYP["lrf"]
+    if cosine:
+        lf = lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1  # noqa: E731
+    else:
+        lf = lambda x: (1 - x / epochs) * (1.0 - lrf) + lrf  # noqa: E731
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    opt = torch.optim.SGD(
+        [{"params": [p]} for p in params], lr=HYP["lr0"], momentum=HYP["momentum"], nesterov=True
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=lf)
+    scheduler.last_epoch = 0 - 1
+    accumulate = max(round(64 / batch), 1)
+    trace = []
+    for epoch in range(epochs):
+        for i in range(nb):
+            ni = i + nb * epoch
+            if ni <= nw:
+                xi = [0, nw]
+                accumulate = max(1, np.interp(ni, xi, [1, 64 / batch]).round())
+                for j, group in enumerate(opt.param_groups):
+                    start = HYP["warmup_bias_lr"] if j == 0 else 0.0
+                    group["lr"] = np.interp(ni, xi, [start, group["initial_lr"] * lf(epoch)])
+                    group["momentum"] = np.interp(ni, xi, [HYP["warmup_momentum"], HYP["momentum"]])
+            trace.append(([g["lr"] for g in opt.param_groups], opt.param_groups[0]["momentum"], accumulate))
+        opt.step()
+        scheduler.step()
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("epochs", "nb", "nw", "batch", "cosine"),
+    [
+        (12, 40, 100, 16, False),  # warmup ends inside epoch 2
+        (12, 50, 100, 16, False),  # warmup's last iteration is epoch 2's first
+        (8, 25, 100, 32, False),  # ... epoch 4's first
+        (10, 7, 100, 16, True),  # warmup longer than most of the run, cosine
+        (6, 30, 100, 64, True),
+    ],
+)
+def test_schedule_equals_the_releases_lambdalr_trace(epochs, nb, nw, batch, cosine):
+    trace = _release_schedule_trace(epochs, nb, nw, batch, cosine)
+    for ni, (lrs, momentum, accumulate) in enumerate(trace):
+        ours = step_settings(
+            ni,
+            ni // nb,
+            epochs=epochs,
+            warmup_iters=nw,
+            batches_per_epoch=nb,
+            hyp=HYP,
+            cosine=cosine,
+            nominal_accumulate=accumulation(batch),
+        )
+        assert [ours.lrs["bias"], ours.lrs["weight"], ours.lrs["norm"]] == pytest.approx(
+            lrs, rel=1e-12, abs=1e-15
+        ), ni
+        assert ours.momentum == pytest.approx(momentum, rel=1e-12) and ours.accumulate == accumulate, ni
 
 
 def test_nominal_batch_accumulation():

@@ -6,9 +6,14 @@ TOTAL scale from original pixels to network-input pixels and the padding, as
 `boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
 
 Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
-- mosaic partners come from a small pool of images this process decoded recently (`partner_pool`;
-  the pool follows the shuffled order, so partners are still random over an epoch) — one decode per
-  sample instead of four; `mosaic_partners="random"` draws them from the whole dataset as the release;
+- mosaic sampling is the release's by default (`mosaic_partners="random"`): the item's image and three
+  partners drawn uniformly (with replacement) from the whole dataset, in shuffled quadrant order; the
+  four images are chosen before anything is decoded. With the RAM cache the partners are drawn from
+  the images this rank cached (its shard: the whole dataset on one rank), so a sample decodes nothing;
+- `mosaic_partners="recent"` (opt-in, a measured accuracy cost: see docs/ACCURACY.md) draws partners
+  from a small pool of images this process decoded recently (`partner_pool`) with the item's image
+  always top-left: one decode per sample instead of four, but fewer distinct images per batch (partners
+  only from the ~32 images decoded last);
 - JPEGs at least twice the target size are decoded at reduced scale (libjpeg DCT scaling);
 - RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
@@ -53,7 +58,7 @@ from yolov5_smddp.errors import DataError
 log = logging.getLogger(__name__)
 
 CACHE_MODES = (None, "ram")
-PARTNER_MODES = ("recent", "random")
+PARTNER_MODES = ("random", "recent")
 _REDUCED_FLAGS = (
     (8, cv2.IMREAD_REDUCED_COLOR_8),
     (4, cv2.IMREAD_REDUCED_COLOR_4),
@@ -115,7 +120,7 @@ class YoloDataset:
         stride: int = 32,
         pad: float = 0.0,
         cache_images: str | None = None,
-        mosaic_partners: str = "recent",
+        mosaic_partners: str = "random",
         partner_pool: int = 32,
         seed: int = 0,
     ) -> None:
@@ -144,6 +149,7 @@ class YoloDataset:
             self.labels = [self.labels[i] for i in order]
             self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
         self._ram: dict[int, np.ndarray] = {}
+        self._partner_indices: np.ndarray | None = None  # the cached shard (RAM cache), else everything
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
         self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
         self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
@@ -165,6 +171,8 @@ class YoloDataset:
                     self._ram[i] = self._decode_resized(i)
                 except UndecodableImage:
                     pass  # logged; __getitem__ replaces or skips it
+        if self._ram:
+            self._partner_indices = np.fromiter(sorted(self._ram), dtype=np.int64)
 
     def _decode_resized(self, i: int) -> np.ndarray:
         """BGR uint8 [h, w, 3] with the long side resized to img_size. Raises UndecodableImage (logged
@@ -212,16 +220,35 @@ class YoloDataset:
         h, w = img.shape[:2]
         return xywhn_to_xyxy(self.labels[i], w, h)
 
-    def _partners(self, i: int, k: int) -> list[int]:
-        if self.mosaic_partners == "recent" and len(self._recent) >= self.partner_pool // 2:
-            pool = [j for j in self._recent if j != i] or [i]
-            return [pool[j] for j in self.rng.integers(0, len(pool), k)]
-        return [int(j) for j in self.rng.integers(0, len(self), k)]
+    def mosaic_plan(self, i: int) -> list[int]:
+        """The four dataset indices of item i's mosaic, in tile order (top-left, top-right, bottom-left,
+        bottom-right), decided before any decode.
+
+        "random" (the release's): [i] + 3 indices uniform with replacement over the partner set (the
+        whole dataset; with the RAM cache this rank's cached images), shuffled, so i lands in a uniformly
+        random quadrant. "recent": i top-left, partners uniform over the recently decoded pool (the
+        whole dataset until the pool is half full).
+        """
+        if self.mosaic_partners == "recent":
+            if len(self._recent) >= self.partner_pool // 2:
+                pool = [j for j in self._recent if j != i] or [i]
+                return [i, *(pool[j] for j in self.rng.integers(0, len(pool), 3))]
+            return [i, *(int(j) for j in self.rng.integers(0, len(self), 3))]
+        plan = [i, *self._uniform_indices(3)]
+        return [plan[k] for k in self.rng.permutation(4)]
+
+    def _uniform_indices(self, k: int) -> list[int]:
+        """k indices uniform with replacement over the partner set (the cached shard, else all)."""
+        candidates = self._partner_indices
+        if candidates is None:
+            return [int(j) for j in self.rng.integers(0, len(self), k)]
+        return [int(j) for j in candidates[self.rng.integers(0, len(candidates), k)]]
 
     def _mosaic_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        first = self.load_image(i)  # before choosing partners, so the pool holds it
-        tiles = [(first, self._pixel_labels(i, first))]
-        for j in self._partners(i, 3):
+        if self.mosaic_partners == "recent":
+            self.load_image(i)  # before choosing partners, so the pool holds it
+        tiles = []
+        for j in self.mosaic_plan(i):
             img = self.load_image(j)
             tiles.append((img, self._pixel_labels(j, img)))
         return mosaic(tiles, self.img_size, self.params, self.rng)
@@ -268,7 +295,7 @@ class YoloDataset:
         if use_mosaic:
             img, labels = self._mosaic_sample(i)
             if self.rng.random() < p.mixup:
-                img2, labels2 = self._mosaic_sample(int(self.rng.integers(0, len(self))))
+                img2, labels2 = self._mosaic_sample(self._uniform_indices(1)[0])
                 img, labels = mixup(img, labels, img2, labels2, self.rng)
             shapes = None
         else:

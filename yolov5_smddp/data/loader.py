@@ -48,20 +48,23 @@ def num_workers_per_rank(cpu_count: int, local_gpus: int, batch_per_rank: int, u
 
 
 def steps_per_epoch(n_images: int, batch_per_rank: int, world_size: int) -> int:
-    """Training batches per rank and epoch: each rank gets n // world images (DistributedSampler and
-    ShardSampler with drop_last), and incomplete batches are dropped."""
-    return n_images // max(world_size, 1) // max(batch_per_rank, 1)
+    """Training batches per rank and epoch, as the release's loader (drop_last=False): each rank gets
+    ceil(n / world) indices (the sampler pads short ranks by repeating indices, so all ranks take the same
+    number of steps) and the last batch may be incomplete (the same size on every rank)."""
+    per_rank = math.ceil(max(n_images, 0) / max(world_size, 1))
+    return math.ceil(per_rank / max(batch_per_rank, 1))
 
 
 def check_batch_fits(n_images: int, batch_per_rank: int, world_size: int) -> None:
-    """DataError when the training set cannot fill one batch per rank (0 steps per epoch).
+    """DataError when the training set cannot fill one batch per rank.
 
     An error rather than a smaller batch: the global batch fixes the gradient accumulation, the weight
-    decay scale and the learning rates, so changing it silently would train something else than asked.
+    decay scale and the learning rates, so training every step on fewer images would train something
+    else than asked. (A partial LAST batch of an epoch is kept, as the release keeps it.)
     """
-    if steps_per_epoch(n_images, batch_per_rank, world_size) > 0:
-        return
     per_rank_images = n_images // max(world_size, 1)
+    if per_rank_images >= batch_per_rank:
+        return
     fix = (
         f"use --batch-per-gpu {per_rank_images} or less (--batch-size {per_rank_images * world_size}), or add images"
         if per_rank_images
@@ -69,8 +72,8 @@ def check_batch_fits(n_images: int, batch_per_rank: int, world_size: int) -> Non
     )
     raise DataError(
         f"the training set has {n_images} usable images: with {world_size} rank(s) each rank gets "
-        f"{per_rank_images}, fewer than its batch of {batch_per_rank}, so every epoch would run 0 steps "
-        f"(incomplete batches are dropped so that all ranks step together); {fix}"
+        f"{per_rank_images}, fewer than its batch of {batch_per_rank}, so every step would train on fewer "
+        f"images than the batch asked for; {fix}"
     )
 
 

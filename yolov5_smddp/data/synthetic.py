@@ -1,12 +1,18 @@
-"""The embedded default dataset: a deterministic, small, learnable YOLO-format detection task.
+"""Generated YOLO-format detection tasks: deterministic, small and learnable.
 
-Three classes — rectangle, ellipse, triangle — drawn as solid shapes in random colours and sizes on
-textured, noisy backgrounds; each label is the tight box around the shape's drawn pixels. Layout:
+Three classes — rectangle, ellipse, triangle — drawn as solid shapes in random colours on textured,
+noisy backgrounds; each label is the tight box around the shape's drawn pixels. Layout:
 root/images/{train,val}/*.jpg, root/labels/{train,val}/*.txt and root/data.yaml (path: '.').
+
+- `make_default_dataset`: the embedded default dataset (1-4 objects of 12-45% of each side).
+- `make_shapes_dataset`: the convergence benchmark's task (bench/convergence.sh): harder — 1-7 objects
+  of sizes spread log-uniformly, aspect ratios 1:3..3:1, about a quarter of them small (4-8% of the
+  short side), overlapping a little more.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import cv2
@@ -66,18 +72,39 @@ def _draw_object(img: np.ndarray, cls: int, box: np.ndarray, colour: tuple[int, 
     return np.array([x1 + xs.min(), y1 + ys.min(), x1 + xs.max() + 1, y1 + ys.max() + 1], np.float64)
 
 
+def _default_size(rng: np.random.Generator, h: int, w: int) -> tuple[int, int]:
+    return int(rng.uniform(0.12, 0.45) * w), int(rng.uniform(0.12, 0.45) * h)
+
+
+def _varied_size(rng: np.random.Generator, h: int, w: int) -> tuple[int, int]:
+    """(w, h) of one object of the shapes task: a quarter small (side 4-8% of the short image side),
+    the rest log-uniform 8-60%; aspect ratio log-uniform in 1:3..3:1; at least 4 px per side."""
+    short = min(h, w)
+    small = rng.random() < 0.25
+    side = rng.uniform(0.04, 0.08) if small else math.exp(rng.uniform(math.log(0.08), math.log(0.6)))
+    aspect = math.exp(rng.uniform(-math.log(3), math.log(3)))
+    bw = min(max(int(side * short * math.sqrt(aspect)), 4), w - 2)
+    bh = min(max(int(side * short / math.sqrt(aspect)), 4), h - 2)
+    return bw, bh
+
+
 def _make_image(
-    rng: np.random.Generator, h: int, w: int, bank: np.ndarray
+    rng: np.random.Generator,
+    h: int,
+    w: int,
+    bank: np.ndarray,
+    size=_default_size,
+    max_objects: int = _MAX_OBJECTS,
+    max_iou: float = 0.1,
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
     img = _background(rng, h, w, bank)
     objects: list[tuple[int, np.ndarray]] = []
-    for _ in range(int(rng.integers(1, _MAX_OBJECTS + 1))):
+    for _ in range(int(rng.integers(1, max_objects + 1))):
         for _attempt in range(10):
-            bw = int(rng.uniform(0.12, 0.45) * w)
-            bh = int(rng.uniform(0.12, 0.45) * h)
+            bw, bh = size(rng, h, w)
             x1, y1 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
             box = np.array([x1, y1, x1 + bw, y1 + bh], np.float64)
-            if all(_iou(box, other) < 0.1 for _, other in objects):
+            if all(_iou(box, other) < max_iou for _, other in objects):
                 break
         else:
             continue
@@ -87,13 +114,15 @@ def _make_image(
     return img, objects
 
 
-def _write_split(root: Path, split: str, n: int, w: int, h: int, rng: np.random.Generator) -> None:
+def _write_split(
+    root: Path, split: str, n: int, w: int, h: int, rng: np.random.Generator, **shape_options
+) -> None:
     images, labels = root / "images" / split, root / "labels" / split
     images.mkdir(parents=True, exist_ok=True)
     labels.mkdir(parents=True, exist_ok=True)
     bank = _noise_bank(rng, h, w)
     for i in range(n):
-        img, objects = _make_image(rng, h, w, bank)
+        img, objects = _make_image(rng, h, w, bank, **shape_options)
         cv2.imwrite(str(images / f"{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
         lines = []
         for cls, (x1, y1, x2, y2) in objects:
@@ -116,6 +145,24 @@ def make_default_dataset(
     _write_split(root, "train", n_train, w, h, rng)
     if n_val:
         _write_split(root, "val", n_val, w, h, rng)
+    return _write_yaml(root, n_val)
+
+
+def make_shapes_dataset(
+    root: Path, *, n_train: int = 400, n_val: int = 100, width: int = 256, height: int = 192, seed: int = 0
+) -> Path:
+    """Write the convergence benchmark's shapes task under `root` (see the module docstring) and return
+    its data.yaml path. Deterministic for given arguments; existing files are overwritten."""
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    options = {"size": _varied_size, "max_objects": 7, "max_iou": 0.2}
+    _write_split(root, "train", n_train, int(width), int(height), rng, **options)
+    if n_val:
+        _write_split(root, "val", n_val, int(width), int(height), rng, **options)
+    return _write_yaml(root, n_val)
+
+
+def _write_yaml(root: Path, n_val: int) -> Path:
     yaml_path = root / "data.yaml"
     names = "\n".join(f"  - {name}" for name in CLASS_NAMES)
     val = "images/val" if n_val else "images/train"

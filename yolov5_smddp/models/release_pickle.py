@@ -132,6 +132,8 @@ _ALLOWED_GLOBALS: dict[str, Any] = {
         for name in ("float16", "float32", "float64", "bfloat16", "int64")
     },
     **{name: _record_class(name) for name in _RELEASE_CLASSES + _INERT_METADATA},
+    # the same classes as the PyPI package `yolov5` names them (its modules live under `yolov5.`)
+    **{f"yolov5.{name}": _record_class(name) for name in _RELEASE_CLASSES},
     **{f"torch.nn.modules.{name}": _record_class(f"torch.nn.modules.{name}") for name in _TORCH_NN_CLASSES},
 }
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Convergence side by side: the YOLOv5 release's train.py (the PyPI package yolov5 7.0.14, in the throwaway
+# image of bench/release_reference/Dockerfile; never part of our image or repository) and ours train the
+# same generated shapes task (yolov5_smddp.data.synthetic.make_shapes_dataset) with the same recipe
+# (scratch-low), model, image size, batch, epochs, workers and seeds, one run at a time on the CPU; then
+# OUR `yolov5-smddp val` scores every run's best.pt on the same val split. The release runs with
+# --noautoanchor: ours has no AutoAnchor, so both train with the model's default anchors.
+#
+#   bash bench/convergence.sh [OUT_DIR]
+#   env: SEEDS ("0 1"), VARIANTS ("release ours"), EPOCHS (20), IMGSZ (160), BATCH (16), WORKERS (2),
+#        CFG (yolov5n), N_TRAIN (400), N_VAL (100), WIDTH (256), HEIGHT (192), DATA_SEED (0), CPUS (2),
+#        BASE_IMAGE (an image with python3, torch, torchvision, OpenCV, PyYAML: the stand-in base),
+#        BEFORE_REF (a git revision: adds the variant "ours-before" trained by that revision's code),
+#        HYP_OVERRIDE (key=value,... replacing scratch-low values for BOTH, e.g. "obj=25" at small IMGSZ),
+#        OURS_ARGS (extra options for ours, e.g. "--mosaic-partners recent"), NICE (10),
+#        PARALLEL (1: runs one after the other; N: up to N runs of the same seed at once),
+#        THREADS (1: torch threads per run, as the release sets itself on 2 CPUs; on a loaded machine
+#        more threads than free cores make every OpenMP barrier wait for a descheduled thread)
+# Prints a table (per-epoch mAP50-95 curves from each trainer's own validation, final mAP50-95 / mAP50 by
+# our val, wall minutes; per variant the mean and min..max over seeds) and writes OUT_DIR/table.md.
+# Needs Docker and network access to PyPI (for the release's package).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$(mkdir -p "${1:-$here/runs/convergence}" && cd "${1:-$here/runs/convergence}" && pwd)"
+SEEDS="${SEEDS:-0 1}" VARIANTS="${VARIANTS:-release ours}" EPOCHS="${EPOCHS:-20}" IMGSZ="${IMGSZ:-160}"
+BATCH="${BATCH:-16}" WORKERS="${WORKERS:-2}" CFG="${CFG:-yolov5n}" N_TRAIN="${N_TRAIN:-400}" N_VAL="${N_VAL:-100}"
+WIDTH="${WIDTH:-256}" HEIGHT="${HEIGHT:-192}" DATA_SEED="${DATA_SEED:-0}" CPUS="${CPUS:-2}"
+OURS_ARGS="${OURS_ARGS:-}" HYP_OVERRIDE="${HYP_OVERRIDE:-}" NICE="${NICE:-10}" PARALLEL="${PARALLEL:-1}" THREADS="${THREADS:-1}"
+# default base: the stand-in base image that ./build.sh tags by content hash
+base="${BASE_IMAGE:-$(docker images --format '{{.Repository}}:{{.Tag}}' yolov5-smddp-standin | grep -m1 -E ':[0-9a-f]{12}$' || true)}"
+[[ -n "$base" ]] || { echo "no BASE_IMAGE given and no stand-in base image found (docker images | grep standin)" >&2; exit 2; }
+ref="yolov5-smddp-release-ref:7.0.14"
+docker build -q --build-arg "BASE_IMAGE=$base" -t "$ref" "$here/bench/release_reference" >/dev/null
+
+if [[ -n "${BEFORE_REF:-}" ]]; then  # the earlier code, for the "ours-before" rows
+    rm -rf "$out/src-before" && mkdir -p "$out/src-before"
+    git -C "$here" archive "$BEFORE_REF" yolov5_smddp | tar -x -C "$out/src-before"
+    VARIANTS="$VARIANTS ours-before"
+fi
+
+# In the reference image (it has both), SRC read-only on PYTHONPATH, niced (a shared machine); /stubs holds a
+# stand-in for the `roboflow` package, which the release's train.py imports and the benchmark never uses.
+run() {  # run LOG SRC PYTHON-ARGS...
+    local log="$1" src="$2"
+    shift 2
+    docker run --rm --cpus "$CPUS" --shm-size 2g -e USE_LIBUV=0 -e OMP_NUM_THREADS="$THREADS" -e PYTHONPATH=/src:/stubs -e PYTHONDONTWRITEBYTECODE=1 \
+        -e YOLOv5_VERBOSE=False -v "$src:/src:ro" -v "$here/bench/release_reference/stubs:/stubs:ro" -v "$out:/out" \
+        -w /out --entrypoint nice "$ref" -n "$NICE" python3 "$@" \
+        >"$log" 2>&1 || { echo "failed: see $log" >&2; return 1; }
+}
+
+if [[ ! -f "$out/data/data.yaml" ]]; then
+    run "$out/data.log" "$here" /src/bench/release_reference/convergence.py data /out/data --n-train "$N_TRAIN" \
+        --n-val "$N_VAL" --width "$WIDTH" --height "$HEIGHT" --seed "$DATA_SEED"
+fi
+one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
+    local variant="$1" seed="$2" name="$1-s$2" dir="$out/runs/$1-s$2" best src started wall
+    [[ -f "$dir/score.json" ]] && { echo "done already: $name" >&2; return 0; }
+    rm -rf "$dir" && mkdir -p "$dir"
+    echo "$(date -u +%H:%M:%S) training $name" >&2
+    started=$(date +%s)
+    case "$variant" in
+        release)
+            run "$dir/train.log" "$here" -m yolov5.train --data /out/data/data.yaml --cfg "$CFG.yaml" \
+                --weights "" --hyp /out/hyp.yaml --img "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" \
+                --seed "$seed" --device cpu --project /out/runs --name "$name" --exist-ok --noplots --noautoanchor
+            best="/out/runs/$name/weights/best.pt" ;;
+        ours | ours-before)
+            src="$here"
+            [[ "$variant" == ours-before ]] && src="$out/src-before"
+            # shellcheck disable=SC2086  # OURS_ARGS: words on purpose
+            run "$dir/train.log" "$src" -m yolov5_smddp train --data /out/data/data.yaml --cfg "$CFG" \
+                --imgsz "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" --seed "$seed" \
+                --model-dir "/out/runs/$name/model" --output-dir "/out/runs/$name/output" \
+                --checkpoint-dir "/out/runs/$name/checkpoints" --cache-dir "/out/cache/$name" "${ours_hyp[@]}" $OURS_ARGS
+            best="/out/runs/$name/model/best.pt" ;;
+        *) echo "unknown variant $variant" >&2; return 2 ;;
+    esac
+    wall=$(( $(date +%s) - started ))
+    printf '{"variant": "%s", "seed": %d, "wall_s": %d, "parallel": %d}\n' "$variant" "$seed" "$wall" "$PARALLEL" \
+        >"$dir/meta.json"
+    run "$dir/val.log" "$here" -m yolov5_smddp val --weights "$best" --data /out/data/data.yaml \
+        --imgsz "$IMGSZ" --batch-size 32 --workers "$WORKERS" --device cpu --cache-dir /out/cache/val \
+        --output-dir "/out/runs/$name/val"
+    run "$dir/score.log" "$here" /src/bench/release_reference/convergence.py score "/out/runs/$name" \
+        "/out/runs/$name/val.log"
+    echo "$(date -u +%H:%M:%S) done $name" >&2
+}
+
+# the same hyperparameters for both: scratch-low with HYP_OVERRIDE replaced (ours: --hyp-override)
+run "$out/hyp.log" "$here" /src/bench/release_reference/convergence.py hyp /out/hyp.yaml "$HYP_OVERRIDE"
+ours_hyp=()
+[[ -n "$HYP_OVERRIDE" ]] && ours_hyp=(--hyp-override "$HYP_OVERRIDE")
+mkdir -p "$out/runs"
+for seed in $SEEDS; do  # PARALLEL > 1: up to that many runs of one seed at once (they share the CPUs)
+    active=0
+    for variant in $VARIANTS; do
+        if (( PARALLEL > 1 )); then
+            one_run "$variant" "$seed" &
+            active=$((active + 1))
+            (( active < PARALLEL )) || { wait -n || true; active=$((active - 1)); }
+        else
+            one_run "$variant" "$seed"
+        fi
+    done
+    wait
+done
+run "$out/table.log" "$here" /src/bench/release_reference/convergence.py table /out
+cat "$out/table.md"

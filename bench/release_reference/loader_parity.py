@@ -1,0 +1,104 @@
+"""Mosaic training samples from one process: the release's dataset against ours with the release's
+sampling (the default), ours with the opt-in recent-image pool, and both with the RAM cache; same JPEGs,
+same augmentation settings (scratch-low), same shuffled order, interleaved rounds so that a shared
+machine's load hits every row alike. Reports samples/s (wall) and CPU ms per sample (process time).
+
+Run in the image of bench/release_reference/Dockerfile (the release is the PyPI package `yolov5`
+7.0.14, only there), this checkout on PYTHONPATH:
+    python3 /src/bench/release_reference/loader_parity.py --images 300 --imgsz 640
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+
+def _rows(tasks: dict, iters: int, rounds: int) -> dict[str, dict[str, float]]:
+    per_round = max(iters // rounds, 1)
+    wall = dict.fromkeys(tasks, 0.0)
+    cpu = dict.fromkeys(tasks, 0.0)
+    for r in range(rounds):
+        for name, step in tasks.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            for k in range(r * per_round, (r + 1) * per_round):
+                step(k)
+            wall[name] += time.perf_counter() - w0
+            cpu[name] += time.process_time() - c0
+    n = per_round * rounds
+    return {
+        name: {"samples_per_s": n / wall[name], "cpu_ms_per_sample": 1000 * cpu[name] / n} for name in tasks
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--images", type=int, default=300)
+    parser.add_argument("--iters", type=int, default=240)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--no-ram", action="store_true", help="leave out the RAM-cache rows")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import cv2
+    import numpy as np
+    import yaml
+    import yolov5  # the release
+    from yolov5.utils.dataloaders import LoadImagesAndLabels
+
+    from yolov5_smddp import hostmem
+    from yolov5_smddp.bench.data import resolve_data
+    from yolov5_smddp.data.config import load_data_config
+    from yolov5_smddp.data.dataset import YoloDataset
+    from yolov5_smddp.data.labels import build_label_index
+
+    hostmem.tune_malloc()  # as our CLI does; the release shares the process, so it gets it too
+    cv2.setNumThreads(1)
+    hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
+    with tempfile.TemporaryDirectory(prefix="loader-parity-") as tmp:
+        cfg = load_data_config(resolve_data("synthetic", args.images, Path(tmp)))
+        train_dir = str(cfg.train[0]) if isinstance(cfg.train, list | tuple) else str(cfg.train)
+        index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=Path(tmp) / "c", workers=2)
+        order = np.random.default_rng(0).permutation(len(index.images))
+
+        def stream(dataset):
+            dataset[int(order[-1])]  # warm-up (imports, first allocations)
+            return lambda k: dataset[int(order[k % len(order)])]
+
+        datasets = {
+            "release": LoadImagesAndLabels(
+                train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp
+            ),
+            "ours, release sampling (default)": YoloDataset(index, args.imgsz, augment=True, hyp=hyp),
+            "ours, --mosaic-partners recent": YoloDataset(
+                index, args.imgsz, augment=True, hyp=hyp, mosaic_partners="recent"
+            ),
+        }
+        if not args.no_ram:
+            datasets["release, --cache ram"] = LoadImagesAndLabels(
+                train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp, cache_images="ram"
+            )
+            ours_ram = YoloDataset(index, args.imgsz, augment=True, hyp=hyp, cache_images="ram")
+            ours_ram.cache_shard(list(range(len(ours_ram))))
+            datasets["ours, release sampling, --cache ram"] = ours_ram
+        rows = _rows({name: stream(ds) for name, ds in datasets.items()}, args.iters, args.rounds)
+    base = rows["release"]["samples_per_s"]
+    print(
+        f"{'mosaic samples at ' + str(args.imgsz) + ', 1 process':<40} {'samples/s':>10} {'vs release':>10} {'CPU ms/sample':>14}"
+    )
+    for name, row in rows.items():
+        print(
+            f"{name:<40} {row['samples_per_s']:>10.1f} {row['samples_per_s'] / base:>9.2f}x "
+            f"{row['cpu_ms_per_sample']:>14.2f}"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps({"images": args.images, "imgsz": args.imgsz, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
