@@ -24,7 +24,7 @@ import yaml
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
-HYP_NAMES = ("scratch-low", "scratch-high")
+HYP_NAMES = ("scratch-low", "scratch-med", "scratch-high")
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 BACKENDS = ("auto", "smddp", "nccl", "gloo")
@@ -70,12 +70,24 @@ class TrainConfig:
 
     data: str | None = None
     """data.yaml path; None → the embedded synthetic dataset generated under the cache folder."""
-    cfg: str = "yolov5s"
-    """model config: a name (yolov5n/s/m/l/x) or a YAML path."""
+    cfg: str | None = None
+    """model config: a name (yolov5n/s/m/l/x) or a YAML path; None → the architecture of --weights when
+    given (the release's rule), else yolov5s."""
     weights: str | None = None
     """initial weights (ours or the release's .pt); None → train from scratch."""
+    allow_partial_transfer: bool = False
+    """train even when less than half of the model's parameters come from --weights (a --cfg that does
+    not fit the checkpoint); without it that is an error."""
+    noautoanchor: bool = False
+    """keep the model's anchors as they are (no best-possible-recall check, no anchor fitting)."""
+    single_cls: bool = False
+    """train every class as class 0 (names ['item'] unless the dataset has one class)."""
+    resume: str | None = None
+    """resume from this training checkpoint (a last.pt) instead of looking in --checkpoint-dir."""
+    save_period: int = -1
+    """also keep the checkpoint of every N-th epoch as epoch{N}.pt in --checkpoint-dir (-1: off)."""
     hyp: str = "scratch-low"
-    """hyperparameters: a shipped name (scratch-low, scratch-high) or a YAML path."""
+    """hyperparameters: a shipped name (scratch-low, scratch-med, scratch-high) or a YAML path."""
     hyp_overrides: dict[str, float] = field(default_factory=dict)
     """hyperparameter values replacing the file's (`--hyp-override lr0=0.02,mosaic=0`)."""
     epochs: int = 100
@@ -172,6 +184,12 @@ class TrainConfig:
             0.0 <= self.label_smoothing < 1.0, "--label-smoothing", self.label_smoothing, "must be in [0, 1)"
         )
         _check(self.patience >= 0, "--patience", self.patience, "must be >= 0")
+        _check(
+            self.save_period == -1 or self.save_period >= 1,
+            "--save-period",
+            self.save_period,
+            "must be >= 1 or -1",
+        )
         _check(all(i >= 0 for i in self.freeze), "--freeze", self.freeze, "layer indices must be >= 0")
         _check(
             self.cache in (None, *CACHE_MODES),
@@ -397,9 +415,30 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every TrainConfig option to `parser` (defaults stay None so the dataclass owns them)."""
     flag = {"type": parse_bool, "nargs": "?", "const": True, "default": None, "metavar": "BOOL"}
     _add(parser, "data", type=_optional_string, help="data.yaml (default: the embedded synthetic dataset)")
-    _add(parser, "cfg", type=_string, help="model config name (yolov5n/s/m/l/x) or YAML path")
+    _add(
+        parser,
+        "cfg",
+        type=_optional_string,
+        help="model config name (yolov5n/s/m/l/x) or YAML path (default: the architecture of --weights when "
+        "given, else yolov5s)",
+    )
     _add(parser, "weights", type=_optional_string, help="initial weights (ours or the release's .pt)")
-    _add(parser, "hyp", type=_string, help="hyperparameters: scratch-low, scratch-high or a YAML path")
+    _add(
+        parser,
+        "allow-partial-transfer",
+        help="train even when under half of the parameters come from --weights",
+        **flag,
+    )
+    _add(parser, "noautoanchor", help="keep the anchors (no AutoAnchor check or fit)", **flag)
+    _add(parser, "single-cls", help="train every class as one class 'item'", **flag)
+    _add(parser, "resume", type=_optional_string, help="resume from this training checkpoint (last.pt)")
+    _add(parser, "save-period", type=int, help="keep every N-th epoch's checkpoint as epochN.pt (-1: off)")
+    _add(
+        parser,
+        "hyp",
+        type=_string,
+        help="hyperparameters: scratch-low, scratch-med, scratch-high or a YAML path",
+    )
     parser.add_argument(
         "--hyp-override",
         "--hyp_override",

@@ -162,6 +162,12 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     }
     train_index = build_label_index(data.train, **scan)
     val_index = build_label_index(data.val, **scan)
+    if config.single_cls:  # the release's --single-cls: one class, named 'item' unless the dataset names it
+        for index in (train_index, val_index):
+            index.labels[:] = [
+                np.concatenate((np.zeros_like(lab[:, :1]), lab[:, 1:]), 1) for lab in index.labels
+            ]
+        return DataBundle(list(data.names) if data.nc == 1 else ["item"], 1, train_index, val_index)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
 
@@ -218,22 +224,6 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
             drop_last=False,
         )
     return train_loader, val_loader, workers
-
-
-def load_initial_weights(model: nn.Module, path: str) -> None:
-    from yolov5_smddp.models.weights import load_weights, transfer_state
-
-    loaded = load_weights(path)
-    report = transfer_state(model, loaded.state_dict, exclude=("anchors",))
-    if report.loaded == 0:
-        raise WeightsError(f"--weights {path}: no tensor matches the model (different architecture?)")
-    log.info(
-        "weights %s: %d tensors loaded, %d skipped (shape), %d missing",
-        path,
-        report.loaded,
-        len(report.skipped_shape),
-        len(report.missing),
-    )
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -320,9 +310,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     from yolov5_smddp.models.yolo import load_model_config
 
-    load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
-    if config.weights and not Path(config.weights).is_file():
-        raise ConfigError(f"--weights {config.weights}: no such file")
+    if config.cfg:
+        load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
+    for option, value in (("--weights", config.weights), ("--resume", config.resume)):
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{option} {value}: no such file")
     accumulate = accumulation(plan.global_batch)
     hyp["weight_decay"] *= plan.global_batch * accumulate / NOMINAL_BATCH
 
@@ -346,12 +338,33 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
 
     # -- model, loss, EMA, optimizer
     from yolov5_smddp.loss import YoloLoss, scale_loss_gains
-    from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.models.autoanchor import autoanchor
+    from yolov5_smddp.models.initial import initial_model
 
-    model = build_model(config.cfg, nc=bundle.nc)
-    model.names = bundle.names
-    if config.weights:
-        load_initial_weights(model, config.weights)
+    resumable = Path(config.resume) if config.resume else checkpoint.find_resumable(dirs["checkpoint_dir"])
+    state = checkpoint.load_checkpoint(resumable) if resumable is not None else None
+    initial = initial_model(
+        config.cfg,
+        config.weights,
+        bundle.nc,
+        bundle.names,
+        allow_partial=config.allow_partial_transfer,
+        resume_cfg=state.get("model_cfg") if state is not None else None,
+    )
+    model = initial.model
+    if main:
+        log.info(initial.line)
+    if state is None and not config.noautoanchor:  # before the EMA copies the anchors
+        autoanchor(
+            model,
+            bundle.train_index.shapes,
+            bundle.train_index.labels,
+            imgsz=config.imgsz,
+            anchor_t=hyp["anchor_t"],
+            seed=config.seed,
+            main=main,
+            share=distributed.broadcast_object,
+        )
     freeze_layers(model, config.freeze)
     model.to(device)
     if config.channels_last:
@@ -366,11 +379,9 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     optimizer = build_optimizer(model, config.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
     scaler = amp.make_scaler()
 
-    # -- resume from checkpoint_dir/last.pt
+    # -- resume from --resume or checkpoint_dir/last.pt (read above)
     start_epoch, iteration, last_opt, best_fitness, stale, history = 0, 0, -1, -1.0, 0, []
-    resumable = checkpoint.find_resumable(dirs["checkpoint_dir"])
-    if resumable is not None:
-        state = checkpoint.load_checkpoint(resumable)
+    if state is not None:
         try:
             model.load_state_dict(state["model"])
             ema.load_state_dict(state["ema"])
@@ -457,6 +468,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     def checkpoint_state(next_epoch: int, next_iteration: int) -> dict[str, Any]:
         return {
             "model": unwrap(model).state_dict(),
+            "model_cfg": unwrap(model).cfg,
             "ema": ema.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(),
@@ -566,9 +578,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     ),
                     main=True,
                 )
-                checkpoint.save_checkpoint(
+                last = checkpoint.save_checkpoint(
                     dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved
                 )
+                if config.save_period > 0 and (epoch + 1) % config.save_period == 0:
+                    shutil.copyfile(last, dirs["checkpoint_dir"] / f"epoch{epoch + 1}.pt")
                 write_results_csv(dirs["output_dir"] / "results.csv", history)
                 if board is not None:
                     for key, value in row.items():
