@@ -39,6 +39,7 @@ def make_easy_dataset(
             (labels / f"{i:04d}.txt").write_text("\n".join(rows) + "\n")
     yaml_path = Path(root) / "data.yaml"
     yaml_path.write_text(
-        "path: .\ntrain: images/train\nval: images/val\nnames:\n" + "".join(f"  - {n}\n" for n in NAMES[:classes])
+        "path: .\ntrain: images/train\nval: images/val\nnames:\n"
+        + "".join(f"  - {n}\n" for n in NAMES[:classes])
     )
     return yaml_path

@@ -152,3 +152,39 @@ def test_release_checkpoint_of_a_custom_layout_is_built_as_stored(tmp_path):
     built = initial_model(None, str(path), 80, ["x"] * 80)
     assert _params(built.model) == _params(source) != _params(build_model("yolov5n"))
     assert built.transfer.param_fraction == 1.0
+
+
+# --- the release-style options users reach for when fine-tuning ------------------------------------
+
+
+def test_single_cls_makes_one_class_named_item(tmp_path):
+    from easy_shapes import make_easy_dataset
+
+    from yolov5_smddp.config import parse_train_args
+    from yolov5_smddp.trainer import scan_data
+
+    data = make_easy_dataset(tmp_path / "d", n_train=12, n_val=4, seed=0)
+    plain = scan_data(parse_train_args(["--data", str(data)]), tmp_path / "cache")
+    assert plain.nc == 3 and {int(c) for lab in plain.train_index.labels for c in lab[:, 0]} == {0, 1, 2}
+    single = scan_data(parse_train_args(["--data", str(data), "--single-cls"]), tmp_path / "cache")
+    assert single.nc == 1 and single.names == ["item"]
+    for split in (single.train_index, single.val_index):
+        assert all((lab[:, 0] == 0).all() for lab in split.labels)
+    boxes = [lab[:, 1:] for lab in plain.train_index.labels]
+    assert all((a == b[:, 1:]).all() for a, b in zip(boxes, single.train_index.labels))
+
+
+def test_options_and_the_medium_recipe():
+    from yolov5_smddp.config import load_hyp, parse_train_args
+
+    config = parse_train_args(
+        ["--weights", "w.pt", "--allow-partial-transfer", "--noautoanchor", "--resume", "a/last.pt"]
+        + ["--save-period", "5"]
+    )
+    assert config.cfg is None and config.allow_partial_transfer and config.noautoanchor
+    assert (config.resume, config.save_period) == ("a/last.pt", 5)
+    with pytest.raises(ConfigError, match="--save-period"):
+        parse_train_args(["--save-period", "0"])
+    med, high = load_hyp("scratch-med"), load_hyp("scratch-high")
+    assert {k for k in med if med[k] != high[k]} == {"copy_paste"} and med["copy_paste"] == 0.0
+    assert (med["lrf"], med["cls"], med["obj"], med["scale"], med["mixup"]) == (0.1, 0.3, 0.7, 0.9, 0.1)

@@ -47,7 +47,7 @@ def architecture_name(config: dict) -> str:
             return name
     named = config.get("name")
     if isinstance(named, str) and named and named != "the model config":
-        return Path(named).stem
+        return Path(named).name.removesuffix(".yaml").removesuffix(".yml")
     return f"custom (depth {config.get('depth_multiple')}, width {config.get('width_multiple')})"
 
 

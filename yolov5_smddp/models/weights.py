@@ -291,7 +291,7 @@ def _config_for_release(release: ReleaseModel) -> dict | None:
     config = None
     if layers is not None and all(isinstance(m, int | float) for m in multiples):
         config = {
-            "name": "the release checkpoint's config",
+            "name": f"a release model (depth_multiple {multiples[0]}, width_multiple {multiples[1]})",
             "nc": 80,
             "depth_multiple": multiples[0],
             "width_multiple": multiples[1],
