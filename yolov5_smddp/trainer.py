@@ -343,6 +343,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
 
     resumable = Path(config.resume) if config.resume else checkpoint.find_resumable(dirs["checkpoint_dir"])
     state = checkpoint.load_checkpoint(resumable) if resumable is not None else None
+    best_before = Path(config.resume).with_name(checkpoint.BEST) if config.resume else None
+    if main and best_before is not None and best_before.is_file():  # the resumed run's best comes along
+        dirs["checkpoint_dir"].mkdir(parents=True, exist_ok=True)
+        if not (dirs["checkpoint_dir"] / checkpoint.BEST).exists():
+            shutil.copyfile(best_before, dirs["checkpoint_dir"] / checkpoint.BEST)
     initial = initial_model(
         config.cfg,
         config.weights,
