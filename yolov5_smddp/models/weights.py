@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.release_pickle import ReleaseModel, read_release_checkpoint
 from yolov5_smddp.models.yolo import PACKAGE_CONFIGS, DetectionModel, build_model, load_model_config
@@ -79,21 +80,19 @@ class TransferReport:
         )
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def _detection_model(model: nn.Module) -> DetectionModel:
     """The DetectionModel inside a DistributedDataParallel and/or torch.compile wrapper."""
-    while not isinstance(model, DetectionModel):
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            raise TypeError(f"expected a DetectionModel, got {type(model).__name__}")
-        model = inner
-    return model
+    inner = unwrap(model)
+    if not isinstance(inner, DetectionModel):
+        raise TypeError(f"expected a DetectionModel, got {type(inner).__name__}")
+    return inner
 
 
 def save_weights(path: str | Path, model: nn.Module, *, meta: dict, half: bool = False) -> Path:
     """Write `model`'s weights in our format to `path` atomically (temp file in the same folder, fsync,
     os.replace), so a reader never sees a partial file. `meta` must be JSON-able; cfg, nc, names,
     stride and precision are added. `half` stores floating tensors as float16."""
-    model = _unwrap(model)
+    model = _detection_model(model)
     path = Path(path)
     precision = "float16" if half else "float32"
     state = {
@@ -178,7 +177,7 @@ def transfer_state(
     checkpoint into an nc=3 model (the three Detect convs are skipped). With `detect_rows`, a Detect conv
     whose shape differs only by the number of classes keeps the checkpoint's box/objectness rows and gets
     new class rows (listed in `partial` instead of `skipped_shape`)."""
-    model = _unwrap(model)
+    model = _detection_model(model)
     own = model.state_dict()
     params = dict(model.named_parameters())
     excluded = [k for k in state_dict if k in own and any(pattern in k for pattern in exclude)]
