@@ -24,7 +24,7 @@ import yaml
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
-HYP_NAMES = ("scratch-low", "scratch-high")
+HYP_NAMES = ("scratch-low", "scratch-med", "scratch-high")
 Optimizer = Literal["SGD", "Adam", "AdamW"]
 AmpMode = Literal["auto", "fp16", "bf16", "off"]
 Backend = Literal["auto", "smddp", "nccl", "gloo"]
@@ -265,12 +265,32 @@ class TrainConfig:
 
     data: str | None = option(None, help="data.yaml (default: the embedded synthetic dataset)")
     """data.yaml path; None → the embedded synthetic dataset generated under the cache folder."""
-    cfg: str = option("yolov5s", help="model config name (yolov5n/s/m/l/x) or YAML path")
-    """model config: a name (yolov5n/s/m/l/x) or a YAML path."""
+    cfg: str | None = option(
+        None,
+        help="model config name (yolov5n/s/m/l/x) or YAML path (default: the architecture of --weights when "
+        "given, else yolov5s)",
+    )
+    """model config: a name (yolov5n/s/m/l/x) or a YAML path; None → the architecture of --weights when
+    given (the release's rule), else yolov5s."""
     weights: str | None = option(None, help="initial weights (ours or the release's .pt)")
     """initial weights (ours or the release's .pt); None → train from scratch."""
-    hyp: str = option("scratch-low", help="hyperparameters: scratch-low, scratch-high or a YAML path")
-    """hyperparameters: a shipped name (scratch-low, scratch-high) or a YAML path."""
+    allow_partial_transfer: bool = option(
+        False, help="train even when under half of the parameters come from --weights"
+    )
+    """train even when less than half of the model's parameters come from --weights (a --cfg that does
+    not fit the checkpoint); without it that is an error."""
+    noautoanchor: bool = option(False, help="keep the anchors (no AutoAnchor check or fit)")
+    """keep the model's anchors as they are (no best-possible-recall check, no anchor fitting)."""
+    single_cls: bool = option(False, help="train every class as one class 'item'")
+    """train every class as class 0 (names ['item'] unless the dataset has one class)."""
+    resume: str | None = option(None, help="resume from this training checkpoint (last.pt)")
+    """resume from this training checkpoint (a last.pt) instead of looking in --checkpoint-dir."""
+    save_period: int = option(-1, help="keep every N-th epoch's checkpoint as epochN.pt (-1: off)")
+    """also keep the checkpoint of every N-th epoch as epoch{N}.pt in --checkpoint-dir (-1: off)."""
+    hyp: str = option(
+        "scratch-low", help="hyperparameters: scratch-low, scratch-med, scratch-high or a YAML path"
+    )
+    """hyperparameters: a shipped name (scratch-low, scratch-med, scratch-high) or a YAML path."""
     hyp_overrides: dict[str, float] = option(
         factory=dict,
         help="key=value,... replacing hyperparameters",
@@ -388,6 +408,12 @@ class TrainConfig:
             0.0 <= self.label_smoothing < 1.0, "--label-smoothing", self.label_smoothing, "must be in [0, 1)"
         )
         _check(self.patience >= 0, "--patience", self.patience, "must be >= 0")
+        _check(
+            self.save_period == -1 or self.save_period >= 1,
+            "--save-period",
+            self.save_period,
+            "must be >= 1 or -1",
+        )
         _check(all(i >= 0 for i in self.freeze), "--freeze", self.freeze, "layer indices must be >= 0")
         _check(
             self.cache in (None, *CACHE_MODES),

@@ -46,8 +46,10 @@ from yolov5_smddp.engine import (
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.metrics import DetectionMetrics
+from yolov5_smddp.models.autoanchor import autoanchor
+from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
-from yolov5_smddp.models.yolo import build_model, load_model_config
+from yolov5_smddp.models.yolo import load_model_config
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.valshard import split_summary
 
@@ -220,6 +222,12 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     }
     train_index = build_label_index(data.train, **scan)
     val_index = build_label_index(data.val, **scan)
+    if config.single_cls:  # the release's --single-cls: one class, named 'item' unless the dataset names it
+        for index in (train_index, val_index):
+            index.labels[:] = [
+                np.concatenate((np.zeros_like(lab[:, :1]), lab[:, 1:]), 1) for lab in index.labels
+            ]
+        return DataBundle(list(data.names) if data.nc == 1 else ["item"], 1, train_index, val_index)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
 
@@ -273,22 +281,6 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
     if info.rank == 0:
         log.info("val: %s", split_summary(len(val_loader.dataset), val_batch, info.world_size))
     return train_loader, val_loader, workers
-
-
-def load_initial_weights(model: nn.Module, path: str) -> None:
-    from yolov5_smddp.models.weights import load_weights, transfer_state
-
-    loaded = load_weights(path)
-    report = transfer_state(model, loaded.state_dict, exclude=("anchors",))
-    if report.loaded == 0:
-        raise WeightsError(f"--weights {path}: no tensor matches the model (different architecture?)")
-    log.info(
-        "weights %s: %d tensors loaded, %d skipped (shape), %d missing",
-        path,
-        report.loaded,
-        len(report.skipped_shape),
-        len(report.missing),
-    )
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -381,18 +373,66 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
-    load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
-    if config.weights and not Path(config.weights).is_file():
-        raise ConfigError(f"--weights {config.weights}: no such file")
+    if config.cfg:
+        load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
+    for option, value in (("--weights", config.weights), ("--resume", config.resume)):
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{option} {value}: no such file")
     return Decisions(hyp, plan, backend, device_type, amp)
 
 
-def build_detection_model(config: TrainConfig, bundle: DataBundle, device: torch.device) -> nn.Module:
-    """The model for the dataset's classes: initial weights, frozen layers, on `device`."""
-    model = build_model(config.cfg, nc=bundle.nc)
-    model.names = bundle.names
-    if config.weights:
-        load_initial_weights(model, config.weights)
+def resumable_checkpoint(
+    config: TrainConfig, dirs: OutputDirs, main: bool
+) -> tuple[Path | None, dict | None]:
+    """The checkpoint this run resumes from (--resume, else a valid checkpoint_dir/last.pt) and its
+    contents, read before the model exists (its model_cfg defines the model); (None, None) for a fresh run.
+    With --resume, rank 0 copies the resumed run's best.pt into checkpoint_dir (unless one is there)."""
+    path = Path(config.resume) if config.resume else checkpoint.find_resumable(dirs.checkpoint_dir)
+    if path is None:
+        return None, None
+    saved = checkpoint.load_checkpoint(path)
+    best_before = path.with_name(checkpoint.BEST)
+    if main and config.resume and best_before.is_file():  # the resumed run's best comes along
+        dirs.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
+            shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
+    return path, saved
+
+
+def build_detection_model(
+    config: TrainConfig,
+    bundle: DataBundle,
+    device: torch.device,
+    *,
+    anchor_t: float,
+    resume_cfg: dict | None = None,
+) -> nn.Module:
+    """The model for the dataset's classes: a resumed checkpoint's `resume_cfg`, else --cfg and --weights
+    (`initial_model`); on a fresh run AutoAnchor checks/fits the anchors (rank 0 computes, every rank gets
+    them) before the EMA copies them; frozen layers, on `device`."""
+    main = distributed.is_main()
+    initial = initial_model(
+        config.cfg,
+        config.weights,
+        bundle.nc,
+        bundle.names,
+        allow_partial=config.allow_partial_transfer,
+        resume_cfg=resume_cfg,
+    )
+    model = initial.model
+    if main:
+        log.info(initial.line)
+    if resume_cfg is None and not config.noautoanchor:
+        autoanchor(
+            model,
+            bundle.train_index.shapes,
+            bundle.train_index.labels,
+            imgsz=config.imgsz,
+            anchor_t=anchor_t,
+            seed=config.seed,
+            main=main,
+            share=distributed.broadcast_object,
+        )
     freeze_layers(model, config.freeze)
     model.to(device)
     if config.channels_last:
@@ -441,6 +481,7 @@ class Run:
     def checkpoint(self, state: checkpoint.RunState) -> dict[str, Any]:
         return {
             "model": unwrap(self.model).state_dict(),
+            "model_cfg": unwrap(self.model).cfg,
             "ema": self.stack.ema.state_dict(),
             "optimizer": self.stack.optimizer.state_dict(),
             "scaler": self.stack.scaler.state_dict(),
@@ -458,17 +499,15 @@ class Run:
             "global_batch": self.plan.global_batch,
         }
 
-    def save(self, state: checkpoint.RunState, *, best: bool = False) -> None:
-        checkpoint.save_checkpoint(self.dirs.checkpoint_dir, self.checkpoint(state), best=best)
+    def save(self, state: checkpoint.RunState, *, best: bool = False) -> Path:
+        return checkpoint.save_checkpoint(self.dirs.checkpoint_dir, self.checkpoint(state), best=best)
 
 
-def resume(run: Run) -> checkpoint.RunState:
-    """The run state of checkpoint_dir/last.pt (model, EMA, optimizer and scaler loaded), else a new one;
-    every rank must resume from the same point."""
+def resume(run: Run, resumable: Path | None, saved: dict[str, Any] | None) -> checkpoint.RunState:
+    """The run state of the checkpoint `saved` read from `resumable` (see `resumable_checkpoint`: model,
+    EMA, optimizer and scaler loaded), else a new one; every rank must resume from the same point."""
     state = checkpoint.RunState()
-    resumable = checkpoint.find_resumable(run.dirs.checkpoint_dir)
-    if resumable is not None:
-        saved = checkpoint.load_checkpoint(resumable)
+    if resumable is not None and saved is not None:
         try:
             run.model.load_state_dict(saved["model"])
             run.stack.ema.load_state_dict(saved["ema"])
@@ -567,7 +606,9 @@ def end_epoch(
         ),
         main=True,
     )
-    run.save(state, best=improved)
+    last = run.save(state, best=improved)
+    if run.config.save_period > 0 and state.epoch % run.config.save_period == 0:
+        shutil.copyfile(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
     write_results_csv(run.dirs.output_dir / "results.csv", state.history)
     if board is not None:
         for key, value in row.items():
@@ -693,8 +734,15 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
             device,
         )
 
-    # -- model, loss, EMA, optimizer; resume
-    model = build_detection_model(config, bundle, device)
+    # -- model (from the resumed checkpoint's model_cfg, else --cfg/--weights), loss, EMA, optimizer; resume
+    resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
+    model = build_detection_model(
+        config,
+        bundle,
+        device,
+        anchor_t=decided.hyp["anchor_t"],
+        resume_cfg=saved.get("model_cfg") if saved is not None else None,
+    )
     stack = build_training_stack(
         model,
         decided.hyp,
@@ -706,7 +754,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
         label_smoothing=config.label_smoothing,
     )
     run = Run(config, info, dirs, decided.plan, decided.amp, device, model, stack)
-    state = resume(run)
+    state = resume(run, resumable, saved)
 
     # -- step and loaders
     step = build_step(run)

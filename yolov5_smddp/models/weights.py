@@ -41,13 +41,37 @@ class LoadedWeights:
 
 @dataclass(frozen=True)
 class TransferReport:
-    """Outcome of `transfer_state`: how many tensors were copied and which keys were not."""
+    """Outcome of `transfer_state`: which tensors were copied and which keys were not.
+
+    `loaded` counts every copied key; `tensors` / `total_tensors` count only real parameters and buffers
+    (BatchNorm's `num_batches_tracked` counters are left out: they match whatever the architecture), and
+    `copied_params` / `total_params` count the model's parameter elements that came from the checkpoint
+    (a Detect conv in `partial` contributes its box/objectness rows)."""
 
     loaded: int
     skipped_shape: list[str]  # in both, shapes differ (e.g. the Detect convs for another nc)
     missing: list[str]  # in the model only
     unexpected: list[str]  # in the checkpoint only
     excluded: list[str] = field(default_factory=list)  # matched an `exclude` pattern
+    partial: list[str] = field(default_factory=list)  # Detect convs: box/objectness rows kept, class rows new
+    tensors: int = 0
+    total_tensors: int = 0
+    copied_params: int = 0
+    total_params: int = 0
+
+    @property
+    def param_fraction(self) -> float:
+        """Share of the model's parameter elements that came from the checkpoint (0..1)."""
+        return self.copied_params / self.total_params if self.total_params else 0.0
+
+    def line(self) -> str:
+        """`transferred N/M tensors (P% of parameters)`, as the training log prints it."""
+        text = f"transferred {self.tensors}/{self.total_tensors} tensors ({100 * self.param_fraction:.1f}% of parameters)"
+        if self.partial:
+            text += (
+                f"; the {len(self.partial) // 2} Detect convs keep their box/objectness rows, class rows new"
+            )
+        return text
 
     def summary(self) -> str:
         return (
@@ -124,24 +148,68 @@ def load_weights(path: str | Path) -> LoadedWeights:
     raise WeightsError(f"{path}: a torch file, but neither our weights format nor a state dict")
 
 
+def _is_counter(key: str) -> bool:
+    return key.endswith("num_batches_tracked")
+
+
+def _detect_rows(own: torch.Tensor, theirs: torch.Tensor, na: int) -> torch.Tensor | None:
+    """A Detect conv weight/bias for another number of classes: `own` with the first 5 rows of each
+    anchor (box, objectness) taken from `theirs`; None when the two do not line up that way."""
+    if own.dim() != theirs.dim() or own.shape[1:] != theirs.shape[1:]:
+        return None
+    if own.shape[0] % na or theirs.shape[0] % na or min(own.shape[0], theirs.shape[0]) // na < 5:
+        return None
+    merged = own.detach().clone().view(na, own.shape[0] // na, *own.shape[1:])
+    rows = theirs.to(own.dtype).view(na, theirs.shape[0] // na, *theirs.shape[1:])
+    merged[:, :5] = rows[:, :5]
+    return merged.view_as(own)
+
+
 def transfer_state(
-    model: nn.Module, state_dict: dict[str, torch.Tensor], *, exclude: Collection[str] = ()
+    model: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    *,
+    exclude: Collection[str] = (),
+    detect_rows: bool = False,
 ) -> TransferReport:
     """Copy every tensor of `state_dict` whose key and shape match `model`'s (cast to the model's dtype
     and device); keys containing any `exclude` string are left alone. For transfer learning, e.g. a COCO
-    checkpoint into an nc=3 model (the three Detect convs are skipped)."""
+    checkpoint into an nc=3 model (the three Detect convs are skipped). With `detect_rows`, a Detect conv
+    whose shape differs only by the number of classes keeps the checkpoint's box/objectness rows and gets
+    new class rows (listed in `partial` instead of `skipped_shape`)."""
     model = _detection_model(model)
     own = model.state_dict()
+    params = dict(model.named_parameters())
     excluded = [k for k in state_dict if k in own and any(pattern in k for pattern in exclude)]
     usable = {k: v for k, v in state_dict.items() if k in own and k not in excluded}
     matching = {k: v for k, v in usable.items() if v.shape == own[k].shape}
-    model.load_state_dict(matching, strict=False)
+    partial: dict[str, torch.Tensor] = {}
+    copied = sum(v.numel() for k, v in matching.items() if k in params)
+    if detect_rows:  # per Detect conv: the weight first; its bias follows only if the weight fits
+        head = f"model.{len(model.model) - 1}.m."
+        for key in sorted(
+            k for k in usable if k.startswith(head) and k.endswith(".weight") and k not in matching
+        ):
+            bias = key.removesuffix("weight") + "bias"
+            merged = _detect_rows(own[key], usable[key], model.detect.na)
+            merged_bias = _detect_rows(own[bias], usable[bias], model.detect.na) if bias in usable else None
+            if merged is None or merged_bias is None:
+                continue
+            partial.update({key: merged, bias: merged_bias})
+            copied += model.detect.na * 5 * (merged.numel() // merged.shape[0] + 1)
+    model.load_state_dict({**matching, **partial}, strict=False)
+    real = [k for k in own if not _is_counter(k)]
     return TransferReport(
         loaded=len(matching),
-        skipped_shape=[k for k in usable if k not in matching],
+        skipped_shape=[k for k in usable if k not in matching and k not in partial],
         missing=[k for k in own if k not in state_dict],
         unexpected=[k for k in state_dict if k not in own],
         excluded=excluded,
+        partial=list(partial),
+        tensors=sum(1 for k in matching if not _is_counter(k)),
+        total_tensors=len(real),
+        copied_params=copied,
+        total_params=sum(p.numel() for p in params.values()),
     )
 
 
@@ -184,20 +252,64 @@ def _load_release(path: Path) -> LoadedWeights:
     )
 
 
+_RELEASE_BLOCKS = {"Conv": "Conv", "C3": "C3", "SPPF": "SPPF", "nn.Upsample": "Upsample", "Concat": "Concat"}
+
+
+def _release_layers(release_yaml: dict) -> list[dict] | None:
+    """The release's `backbone` + `head` rows ([from, repeats, module, args]) as our config's layers;
+    None when a row uses a block we do not build (the older Focus / SPP / BottleneckCSP layouts)."""
+    rows = release_yaml.get("backbone"), release_yaml.get("head")
+    if not all(isinstance(r, list) for r in rows):
+        return None
+    layers = []
+    for row in rows[0] + rows[1]:
+        if not (isinstance(row, list | tuple) and len(row) == 4 and isinstance(row[3], list | tuple)):
+            return None
+        source, repeats, block, args = row
+        if block == "Detect":
+            layers.append({"from": source, "repeats": repeats, "block": "Detect", "args": []})
+            continue
+        if block not in _RELEASE_BLOCKS:
+            return None
+        args = list(args)
+        if block == "nn.Upsample":  # [size None, factor, mode] -> [factor, mode]
+            if len(args) != 3 or args[0] is not None:
+                return None
+            args = args[1:]
+        layers.append({"from": source, "repeats": repeats, "block": _RELEASE_BLOCKS[block], "args": args})
+    return layers
+
+
 def _config_for_release(release: ReleaseModel) -> dict | None:
-    """Our packaged config with the release model's depth/width multiples, its nc and its (possibly
-    auto-fitted) anchors in pixels; None when no packaged config has those multiples."""
+    """The release model's config as ours: its own layers (translated) when every block is one we build,
+    else our packaged config with the same depth/width multiples; its nc and its (possibly auto-fitted)
+    anchors in pixels. None when neither is possible."""
     release_yaml, stride = release.yaml, release.stride
     multiples = (release_yaml.get("depth_multiple"), release_yaml.get("width_multiple"))
-    for name in PACKAGE_CONFIGS:
-        config = load_model_config(name)
-        if (config["depth_multiple"], config["width_multiple"]) != multiples:
-            continue
-        anchors = release.state_dict.get("model.24.anchors")
-        if anchors is not None and stride is not None and stride.numel() == anchors.shape[0]:
-            pixels = anchors.float() * stride.float().view(-1, 1, 1)
-            config["anchors"] = [[round(v, 4) for v in level.flatten().tolist()] for level in pixels]
-        if isinstance(release_yaml.get("nc"), int):
-            config["nc"] = release_yaml["nc"]
-        return config
-    return None
+    layers = _release_layers(release_yaml)
+    config = None
+    if layers is not None and all(isinstance(m, int | float) for m in multiples):
+        config = {
+            "name": f"a release model (depth_multiple {multiples[0]}, width_multiple {multiples[1]})",
+            "nc": 80,
+            "depth_multiple": multiples[0],
+            "width_multiple": multiples[1],
+            "anchors": release_yaml.get("anchors"),
+            "layers": layers,
+        }
+    else:
+        for name in PACKAGE_CONFIGS:
+            packaged = load_model_config(name)
+            if (packaged["depth_multiple"], packaged["width_multiple"]) == multiples:
+                config = packaged
+                break
+    if config is None:
+        return None
+    anchor_keys = [k for k in release.state_dict if k.endswith(".anchors")]
+    anchors = release.state_dict[anchor_keys[-1]] if anchor_keys else None
+    if anchors is not None and stride is not None and stride.numel() == anchors.shape[0]:
+        pixels = anchors.float() * stride.float().view(-1, 1, 1)
+        config["anchors"] = [[round(v, 4) for v in level.flatten().tolist()] for level in pixels]
+    if isinstance(release_yaml.get("nc"), int):
+        config["nc"] = release_yaml["nc"]
+    return config
