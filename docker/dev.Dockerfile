@@ -2,6 +2,8 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
+# export / serving / plots tests: ONNX export and onnxruntime, matplotlib charts (pinned)
+RUN python3 -m pip install --no-cache-dir -q "onnx==1.18.0" "onnxruntime==1.22.0" "matplotlib==3.10.0"
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []
