@@ -5,7 +5,8 @@ checkpoint, early stop agreed by broadcast) → final outputs on rank 0.
 
 Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
 `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
-config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput);
+config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput),
+`model_dir/best.torchscript` (+ `best.onnx`) and `model_dir/code/inference.py` (see serving);
 `output_dir/results.csv` (one row per epoch).
 """
 
@@ -35,6 +36,7 @@ from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.metrics import DetectionMetrics
+from yolov5_smddp.serving import write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 
 log = logging.getLogger("yolov5_smddp")
@@ -612,6 +614,7 @@ def write_final_outputs(
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
     meta = {"train_config": config.to_dict(), "hyp": hyp, "epochs_trained": len(history)}
     save_weights(dirs["model_dir"] / "best.pt", ema.module, meta=meta, half=True)
+    write_serving_files(dirs["model_dir"], ema.module, config.imgsz)  # best.torchscript/.onnx, code/
     write_json(
         dirs["model_dir"] / "config.json",
         {

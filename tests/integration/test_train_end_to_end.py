@@ -2,16 +2,19 @@
 loss, and a bad option failing before any work. Each test runs the real CLI in a subprocess."""
 
 import csv
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from detections import assert_same_detections, run_handler
 
 REPO = Path(__file__).parent.parent.parent
 
@@ -112,6 +115,37 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
         } <= set(state)
     assert "epoch=1 step=1 loss=" in stdout and "samples_per_sec=" in stdout and "data_wait=" in stdout
     print(f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}")
+
+
+def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
+    """model.tar.gz holds the weights, TorchScript (+ ONNX), code/inference.py and two JSON files, no
+    checkpoint, cache or dataset; the handler, run without the package, answers as predict does."""
+    out, _, _ = embedded_run
+    model_dir = out / "model"
+    files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
+    expected = ["best.pt", "best.torchscript", "code/inference.py", "config.json", "metrics.json"]
+    if importlib.util.find_spec("onnx") is not None:
+        expected = sorted([*expected, "best.onnx"])
+    assert files == expected
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:  # what SageMaker uploads
+        tar.add(model_dir, arcname=".")
+    size_mb = archive.stat().st_size / 2**20
+    print(f"model.tar.gz (yolov5n): {size_mb:.1f} MB, files {files}")
+    assert size_mb < 20
+    image = next((out / "cache").rglob("images/val/*.jpg"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "yolov5_smddp", "predict", "--weights", str(model_dir / "best.pt")]
+        + ["--source", str(image), "--out", str(tmp_path / "predict"), "--imgsz", "160", "--conf", "0.02"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = json.loads((tmp_path / "predict" / f"{image.stem}.json").read_text())
+    assert want["detections"], "the trained model should find something in a validation image"
+    assert_same_detections(run_handler(model_dir, image, "image/jpeg", YOLOV5_CONF="0.02"), want)
 
 
 def _tiny_dataset(root: Path) -> Path:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-import cv2
 import numpy as np
 import pytest
 import torch
+from detections import assert_same_detections, scene_image
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.export import ExportOptions, export_model, names_literal
@@ -170,17 +170,6 @@ def test_export_names_a_missing_weights_file(tmp_path, capsys):
     assert "nope.pt does not exist" in capsys.readouterr().err
 
 
-def _scene(path, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    image = rng.integers(0, 255, (180, 260, 3), dtype=np.uint8)
-    for _ in range(6):
-        x, y = rng.integers(0, 200), rng.integers(0, 120)
-        cv2.rectangle(
-            image, (int(x), int(y)), (int(x) + 50, int(y) + 40), rng.integers(0, 255, 3).tolist(), -1
-        )
-    cv2.imwrite(str(path), image)
-
-
 def test_predict_on_onnx_gives_the_detections_of_the_pt(tmp_path):
     model = _model("n")
     with torch.no_grad():  # an objectness prior that lets a random model detect something at --conf 0.1
@@ -192,7 +181,7 @@ def test_predict_on_onnx_gives_the_detections_of_the_pt(tmp_path):
     )
     source = tmp_path / "images"
     source.mkdir()
-    _scene(source / "a.jpg")
+    scene_image(source / "a.jpg")
     common = ["--source", str(source), "--imgsz", "160", "--conf", "0.1"]
     assert main(["predict", "--weights", str(weights), "--out", str(tmp_path / "pt"), *common]) == 0
     assert (
@@ -203,24 +192,3 @@ def test_predict_on_onnx_gives_the_detections_of_the_pt(tmp_path):
     got = json.loads((tmp_path / "onnx" / "a.json").read_text())
     assert len(want["detections"]) > 0
     assert_same_detections(got, want)
-
-
-def assert_same_detections(got: dict, want: dict, px: float = 1.0) -> None:
-    """Same image size and the same detections, paired one to one (the same class, score within 1e-3,
-    box within `px` pixels); order may differ among equal scores."""
-    assert (got["width"], got["height"]) == (want["width"], want["height"])
-    assert len(got["detections"]) == len(want["detections"])
-    unmatched = list(want["detections"])
-    for a in got["detections"]:
-        match = next(
-            (
-                b
-                for b in unmatched
-                if (a["class_id"], a["class_name"]) == (b["class_id"], b["class_name"])
-                and abs(a["score"] - b["score"]) < 1e-3
-                and max(abs(u - v) for u, v in zip(a["box_xyxy"], b["box_xyxy"])) <= px
-            ),
-            None,
-        )
-        assert match is not None, f"{a} has no counterpart in {unmatched}"
-        unmatched.remove(match)
