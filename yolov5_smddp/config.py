@@ -145,6 +145,8 @@ class TrainConfig:
     """validation maximum detections per image."""
     noval: bool = False
     """validate only after the final epoch."""
+    noplots: bool = False
+    """write no plots (results.png, curves, confusion matrix, labels.jpg, batch images)."""
     max_nonfinite_steps: int = 25
     """stop the run after this many consecutive optimizer steps with a non-finite loss or gradient."""
     inject_nonfinite_step: int | None = None
@@ -453,6 +455,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "val-iou", type=float)
     _add(parser, "max-det", type=int)
     _add(parser, "noval", help="validate only after the final epoch", **flag)
+    _add(parser, "noplots", help="write no plots to the output folder", **flag)
     _add(parser, "max-nonfinite-steps", type=int, help="stop after N consecutive non-finite steps")
     _add(parser, "inject-nonfinite-step", type=_optional_int, help=argparse.SUPPRESS)
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, distributed
+from yolov5_smddp import checkpoint, distributed, plots
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -444,6 +444,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             workers,
             warmup_iters,
         )
+        if not config.noplots:
+            plots.write_labels_plot(dirs["output_dir"], bundle.train_index.labels, bundle.names)
 
     def settings_for(epoch: int):
         return lambda it: step_settings(
@@ -523,7 +525,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             # -- validate on rank 0 with the EMA weights; the others wait in the broadcast below
             metrics = None
             last_epoch = epoch + 1 == config.epochs
+            recorder = None
             if main and val_loader is not None and (not config.noval or last_epoch):
+                index = bundle.val_index
+                if not config.noplots:
+                    recorder = plots.ValidationPlots(index.images, index.shapes, index.labels, bundle.nc)
                 metrics = evaluate(
                     ema.module,
                     val_loader,
@@ -533,6 +539,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     iou_thres=config.val_iou,
                     max_det=config.max_det,
                     should_stop=lambda: stop.requested,
+                    on_image=recorder.on_image if recorder is not None else None,
                 )  # None when SIGTERM cut it short
             improved = False
             if main:
@@ -572,6 +579,10 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved
                 )
                 write_results_csv(dirs["output_dir"] / "results.csv", history)
+                if not config.noplots:
+                    plots.after_epoch(
+                        dirs["output_dir"], history, recorder if metrics is not None else None, bundle.names
+                    )
                 if board is not None:
                     for key, value in row.items():
                         board.add_scalar(key, value, epoch + 1)
