@@ -491,9 +491,12 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
             epoch_started = time.perf_counter()
             train_loader.sampler.set_epoch(epoch)
             epoch_first_iteration = iteration
+            batches_in = train_loader
+            if main and epoch == 0 and not config.noplots:  # train_batch0..2.jpg: the first augmented batches
+                batches_in = plots.recording_batches(train_loader, dirs["output_dir"], bundle.names)
             result = train_one_epoch(
                 step,
-                train_loader,
+                batches_in,
                 epoch=epoch,
                 first_iteration=iteration,
                 last_optimizer_iteration=last_opt,
@@ -586,6 +589,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                 if board is not None:
                     for key, value in row.items():
                         board.add_scalar(key, value, epoch + 1)
+                    if not config.noplots:
+                        plots.add_to_tensorboard(board, dirs["output_dir"], epoch + 1)
                     board.flush()
             # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
             stop_early = main and config.patience > 0 and stale >= config.patience

@@ -161,6 +161,7 @@ def test_plots_in_the_output_folder(embedded_run):
     out, _, _ = embedded_run
     names = {p.name for p in (out / "output").iterdir()}
     expected = {"results.csv", "val_batch0_labels.jpg", "val_batch0_pred.jpg"}
+    expected |= {"train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg"}
     if importlib.util.find_spec("matplotlib") is not None:
         expected |= {"results.png", "labels.jpg", "confusion_matrix.png"}
         expected |= {"PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"}

@@ -13,6 +13,8 @@ import torch
 from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.plots import (
     ValidationPlots,
+    add_to_tensorboard,
+    recording_batches,
     write_labels_plot,
     write_results_plot,
     write_safely,
@@ -168,3 +170,36 @@ def test_a_failing_plot_warns_and_carries_on(caplog):
 def test_noplots_option():
     assert parse_train_args(["--noplots"]).noplots is True
     assert parse_train_args([]).noplots is False
+
+
+def test_training_batches_pass_through_and_the_first_three_are_drawn(tmp_path):
+    imgs = torch.zeros(2, 3, 32, 48, dtype=torch.uint8)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.5, 0.5], [1, 0, 0.25, 0.25, 0.2, 0.2]])
+    batches = [(imgs, targets, ["a", "b"], None) for _ in range(4)]
+    seen = list(recording_batches(iter(batches), tmp_path, ["cat", "dog"]))
+    assert len(seen) == 4 and all(a is b for a, b in zip(seen, batches))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train_batch0.jpg",
+        "train_batch1.jpg",
+        "train_batch2.jpg",
+    ]
+    mosaic = cv2.imread(str(tmp_path / "train_batch0.jpg"))
+    assert mosaic.shape == (32, 96, 3)  # two 32 x 48 tiles side by side
+
+
+def test_plot_images_go_to_tensorboard(tmp_path):
+    class Board:
+        def __init__(self):
+            self.images = []
+
+        def add_image(self, tag, image, step, dataformats):
+            self.images.append((tag, image.shape, step, dataformats))
+
+    cv2.imwrite(str(tmp_path / "results.png"), np.full((60, 90, 3), 200, np.uint8))
+    cv2.imwrite(str(tmp_path / "train_batch0.jpg"), np.zeros((40, 40, 3), np.uint8))
+    board = Board()
+    assert add_to_tensorboard(board, tmp_path, 7) == 2
+    assert board.images == [
+        ("results.png", (60, 90, 3), 7, "HWC"),
+        ("train_batch0.jpg", (40, 40, 3), 7, "HWC"),
+    ]

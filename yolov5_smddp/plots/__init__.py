@@ -1,6 +1,6 @@
 """The plots a run leaves in the output folder (rank 0; SageMaker uploads them in output.tar.gz), under the
 release's file names: results.png, confusion_matrix.png, PR_curve.png, F1_curve.png, P_curve.png,
-R_curve.png, labels.jpg, val_batch0_labels.jpg / val_batch0_pred.jpg.
+R_curve.png, labels.jpg, train_batch0..2.jpg, val_batch0_labels.jpg / val_batch0_pred.jpg.
 
 Numbers come from pure functions (confusion.py, curves.py); drawing from render.py (matplotlib, Agg) and
 mosaic.py (OpenCV). Every file is written atomically, and a plot that fails logs a warning and never fails
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import cv2
@@ -23,7 +23,7 @@ from yolov5_smddp.boxes import xywh_to_xyxy
 from yolov5_smddp.metrics import match_predictions
 from yolov5_smddp.plots.confusion import ConfusionMatrix
 from yolov5_smddp.plots.curves import Curves, compute_curves
-from yolov5_smddp.plots.mosaic import MAX_IMAGES, batch_mosaic, write_jpeg
+from yolov5_smddp.plots.mosaic import MAX_IMAGES, batch_mosaic, training_batch_boxes, write_jpeg
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +153,53 @@ def after_epoch(
     seconds = time.perf_counter() - started
     log.debug("plots written in %.2f s", seconds)
     return seconds
+
+
+TRAIN_BATCHES = 3
+
+
+def recording_batches(
+    loader: Iterable, folder: Path, names: Sequence[str], count: int = TRAIN_BATCHES
+) -> Iterator:
+    """`loader`'s batches unchanged; the first `count` are also drawn to train_batch{i}.jpg (the
+    augmented images with their boxes, as the model sees them)."""
+    for i, batch in enumerate(loader):
+        if i < count:
+            write_safely(
+                f"train_batch{i}.jpg",
+                lambda b=batch, k=i: _write_train_batch(folder / f"train_batch{k}.jpg", b, names),
+            )
+        yield batch
+
+
+def _write_train_batch(path: Path, batch, names: Sequence[str]) -> None:
+    imgs, targets = batch[0], batch[1]
+    images = [cv2.cvtColor(im.permute(1, 2, 0).cpu().numpy(), cv2.COLOR_RGB2BGR) for im in imgs[:MAX_IMAGES]]
+    targets = targets.cpu().numpy()
+    boxes = [training_batch_boxes(targets, i, im.shape[0], im.shape[1]) for i, im in enumerate(images)]
+    write_jpeg(path, batch_mosaic(images, boxes, names))
+
+
+TENSORBOARD_IMAGES = (
+    "results.png",
+    "confusion_matrix.png",
+    "PR_curve.png",
+    "F1_curve.png",
+    "labels.jpg",
+    "train_batch0.jpg",
+    "val_batch0_pred.jpg",
+)
+
+
+def add_to_tensorboard(board, folder: Path, step: int) -> int:
+    """The plot images present in `folder` as TensorBoard images at `step`; returns how many."""
+    added = 0
+    for name in TENSORBOARD_IMAGES:
+        image = cv2.imread(str(folder / name)) if (folder / name).is_file() else None
+        if image is not None:
+            rgb = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+            if write_safely(
+                f"TensorBoard {name}", lambda n=name, im=rgb: board.add_image(n, im, step, dataformats="HWC")
+            ):
+                added += 1
+    return added
