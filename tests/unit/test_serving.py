@@ -7,6 +7,7 @@ import ast
 import importlib.util
 import io
 import json
+import logging
 
 import cv2
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import torch
 from detections import assert_same_detections, run_handler, scene_image
 
+from yolov5_smddp import export
 from yolov5_smddp.cli import main
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.models.weights import save_weights
@@ -137,3 +139,18 @@ def test_handler_letterbox_and_nms_are_predicts(folder):
     for conf, iou, max_det in ((0.25, 0.45, 300), (0.1, 0.3, 5)):
         (want,) = non_max_suppression(pred, conf, iou, max_det=max_det)
         assert torch.equal(handler.nms(pred[0], conf, iou, max_det), want)
+
+
+def test_a_failing_onnx_export_leaves_a_folder_that_deploys(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter bug")
+
+    monkeypatch.setattr(export, "_onnx", broken)
+    with caplog.at_level(logging.WARNING):
+        written = write_model_folder(tmp_path, build_model("yolov5n", nc=2), 64)
+    assert sorted(written) == ["handler", "torchscript"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "best.torchscript",
+        "code/inference.py",
+    ]
+    assert "best.onnx not written (RuntimeError: exporter bug)" in caplog.text

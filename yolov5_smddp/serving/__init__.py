@@ -44,13 +44,21 @@ def write_model_folder(
     if float16_weights:
         export_copy.half()
     export_copy.float()
+    shape = (imgsz, imgsz)
     written = export_model(
-        export_copy, model_dir / STEM, ExportOptions(include=serving_formats(), imgsz=(imgsz, imgsz))
+        export_copy, model_dir / STEM, ExportOptions(include=("torchscript",), imgsz=shape)
     )
     handler = model_dir / CODE_DIR / HANDLER
     with atomic_write(handler, "w", encoding="utf-8") as out:
         out.write(handler_source())
     written["handler"] = handler
+    if "onnx" in serving_formats():
+        try:
+            written.update(
+                export_model(export_copy, model_dir / STEM, ExportOptions(include=("onnx",), imgsz=shape))
+            )
+        except Exception as exc:  # the ONNX exporter's own failures: the TorchScript folder still deploys
+            log.warning("model folder: best.onnx not written (%s: %s)", type(exc).__name__, exc)
     return written
 
 
