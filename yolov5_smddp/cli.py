@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("yolov5_smddp.commands.predict", "detect objects in images, write JSON and annotated images"),
     "export": ("yolov5_smddp.commands.export", "write TorchScript / ONNX files of a checkpoint for serving"),
     "info": ("yolov5_smddp.commands.info", "layers, parameters and GFLOPs of a model config"),
-    "bench": ("yolov5_smddp.commands.bench", "benchmarks: train, data, workers, scaling"),
+    "bench": ("yolov5_smddp.commands.bench", "benchmarks: train, data, workers"),
 }
 
 log = logging.getLogger("yolov5_smddp")

@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 import torch
 
+from yolov5_smddp import distributed
 from yolov5_smddp.boxes import xywh_to_xyxy
 from yolov5_smddp.metrics import match_predictions
 from yolov5_smddp.plots.confusion import ConfusionMatrix
@@ -42,11 +43,22 @@ def write_safely(name: str, fn: Callable[[], object]) -> bool:
 
 class ValidationPlots:
     """Collects what the validation plots need through `evaluate(on_image=...)`: detections [n, 6]
-    (x1, y1, x2, y2 original pixels, score, class) per image, matched here against the split's labels."""
+    (x1, y1, x2, y2 original pixels, score, class) per image, matched here against the split's labels.
+
+    Sharded validation: every rank records its own shard, then every rank calls `gather()`; rank 0's
+    recorder then holds the confusion matrix and curve statistics of ALL images. The val_batch0 images
+    (`first`) are rank 0's own first images (`keep_first=False` on the other ranks)."""
 
     def __init__(
-        self, images: Sequence[Path], shapes: np.ndarray, labels: Sequence[np.ndarray], nc: int
+        self,
+        images: Sequence[Path],
+        shapes: np.ndarray,
+        labels: Sequence[np.ndarray],
+        nc: int,
+        *,
+        keep_first: bool = True,
     ) -> None:
+        self._keep_first = keep_first
         self._lookup = {str(p): i for i, p in enumerate(images)}
         self._shapes, self._labels = shapes, labels
         self.confusion = ConfusionMatrix(nc)
@@ -71,17 +83,40 @@ class ValidationPlots:
         self._pred_cls.append(dets[:, 5].numpy())
         self._target_cls.append(gt_cls.numpy())
         self.confusion.update(dets, gt_cls, gt_boxes)
-        if len(self.first) < MAX_IMAGES:
+        if self._keep_first and len(self.first) < MAX_IMAGES:
             gt = torch.cat([gt_cls[:, None], gt_boxes], 1).numpy()
             self.first.append(
                 (str(path), gt, dets[dets[:, 4] > self.confusion.conf][:, [5, 0, 1, 2, 3, 4]].numpy())
             )
 
+    def _statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        """detections [N, 3] (correct at IoU 0.5 as 0/1, conf, class) and target classes [M], float32."""
+        def cat(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+        detections = np.stack([cat(self._correct), cat(self._conf), cat(self._pred_cls)], axis=1)
+        return detections, cat(self._target_cls)
+
+    def gather(self) -> None:
+        """Collective (every rank, after a sharded `evaluate`): on rank 0 the statistics and the confusion
+        matrix become those of every rank's images, in rank order; the other ranks keep their own. Exact:
+        flags and classes are small integers, conf is float32 already. Alone: nothing to do."""
+        if not distributed.is_initialized():
+            return
+        detections, target_cls = self._statistics()
+        all_detections = distributed.all_gather_rows(torch.from_numpy(detections))
+        all_targets = distributed.all_gather_rows(torch.from_numpy(target_cls).view(-1, 1))
+        matrices = distributed.all_gather_rows(torch.from_numpy(self.confusion.matrix))
+        if not distributed.is_main():
+            return
+        merged = torch.cat(all_detections).numpy()
+        self._correct, self._conf, self._pred_cls = [merged[:, 0] > 0.5], [merged[:, 1]], [merged[:, 2]]
+        self._target_cls = [torch.cat(all_targets).numpy().reshape(-1)]
+        self.confusion.matrix = torch.stack(matrices).sum(0).numpy()
+
     def curves(self) -> Curves:
-        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0)  # noqa: E731
-        return compute_curves(
-            cat(self._correct).astype(bool), cat(self._conf), cat(self._pred_cls), cat(self._target_cls)
-        )
+        detections, target_cls = self._statistics()
+        return compute_curves(detections[:, 0] > 0.5, detections[:, 1], detections[:, 2], target_cls)
 
 
 @functools.cache
