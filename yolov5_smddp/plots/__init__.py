@@ -91,6 +91,7 @@ class ValidationPlots:
 
     def _statistics(self) -> tuple[np.ndarray, np.ndarray]:
         """detections [N, 3] (correct at IoU 0.5 as 0/1, conf, class) and target classes [M], float32."""
+
         def cat(parts: list[np.ndarray]) -> np.ndarray:
             return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
