@@ -2,6 +2,10 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
+# export / serving / plots tests: ONNX export and onnxruntime (pinned); matplotlib comes with the base (the
+# stand-in's python3-matplotlib) and is installed, pinned, only where it is missing
+RUN python3 -m pip install --no-cache-dir -q "onnx==1.18.0" "onnxruntime==1.22.0" \
+    && (python3 -c "import matplotlib" 2>/dev/null || python3 -m pip install --no-cache-dir -q "matplotlib==3.10.0")
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []

@@ -4,6 +4,12 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
         "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
+# export / serving / plots tests: ONNX export and onnxruntime (pinned); matplotlib comes with the base (the
+# DLC through fastai, the stand-in as python3-matplotlib) and is installed, pinned, only where it is missing
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
+        "onnx==1.18.0" "onnxruntime==1.22.0" \
+    && (python3 -c "import matplotlib" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install \
+        --no-cache-dir -q --root-user-action=ignore "matplotlib==3.10.0")
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []

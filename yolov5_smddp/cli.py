@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("yolov5_smddp.commands.train", "train a detector (one process, or one worker per device)"),
     "val": ("yolov5_smddp.commands.val", "validate weights on a dataset (mAP50, mAP50-95)"),
     "predict": ("yolov5_smddp.commands.predict", "detect objects in images, write JSON and annotated images"),
+    "export": ("yolov5_smddp.commands.export", "write TorchScript / ONNX files of a checkpoint for serving"),
     "info": ("yolov5_smddp.commands.info", "layers, parameters and GFLOPs of a model config"),
     "bench": ("yolov5_smddp.commands.bench", "benchmarks: train, data, workers"),
 }

@@ -381,6 +381,8 @@ class TrainConfig:
     """validation maximum detections per image."""
     noval: bool = option(False, help="validate only after the final epoch")
     """validate only after the final epoch."""
+    noplots: bool = option(False, help="write no plots to the output folder")
+    """write no plots (results.png, PR/F1/P/R curves, confusion matrix, labels.jpg, train/val batch images)."""
     max_nonfinite_steps: int = option(25, help="stop after N consecutive non-finite steps")
     """stop the run after this many consecutive optimizer steps with a non-finite loss or gradient."""
     inject_nonfinite_step: int | None = option(None, hidden=True)

@@ -6,8 +6,9 @@ metrics on rank 0 — checkpoint, early stop agreed by broadcast) → best.pt re
 
 Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
 `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
-config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput);
-`output_dir/results.csv` (one row per epoch).
+config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput),
+`model_dir/best.torchscript` (+ `best.onnx`) and `model_dir/code/inference.py` (see serving);
+`output_dir/results.csv` (one row per epoch) and the plots (see plots; not with --noplots).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, distributed
+from yolov5_smddp import checkpoint, distributed, plots
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -50,6 +51,7 @@ from yolov5_smddp.models.autoanchor import autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import load_model_config
+from yolov5_smddp.serving import write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.valshard import split_summary
 
@@ -572,9 +574,12 @@ def end_epoch(
     metrics: DetectionMetrics | None,
     seconds: float,
     board,
+    recorder: plots.ValidationPlots | None = None,
 ) -> None:
     """Rank 0 after epoch `state.epoch` (1-based: the epoch just finished): fitness and early-stop count,
-    the results row, the metric line, the checkpoint (best too when it improved), results.csv, TensorBoard."""
+    the results row, the metric line, the checkpoint (best too when it improved), results.csv, the plots
+    (results.png; the validation plots from `recorder` when this epoch validated), TensorBoard."""
+    names = list(unwrap(run.model).names)
     improved = metrics is not None and metrics.fitness > state.best_fitness
     if improved:
         state.best_fitness, state.stale_epochs = metrics.fitness, 0
@@ -610,9 +615,15 @@ def end_epoch(
     if run.config.save_period > 0 and state.epoch % run.config.save_period == 0:
         shutil.copyfile(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
     write_results_csv(run.dirs.output_dir / "results.csv", state.history)
+    if not run.config.noplots:
+        plots.after_epoch(
+            run.dirs.output_dir, state.history, recorder if metrics is not None else None, names
+        )
     if board is not None:
         for key, value in row.items():
             board.add_scalar(key, value, state.epoch)
+        if not run.config.noplots:
+            plots.add_to_tensorboard(board, run.dirs.output_dir, state.epoch)
         board.flush()
 
 
@@ -624,10 +635,11 @@ class EpochsOutcome:
 
 
 def run_epochs(
-    run: Run, state: checkpoint.RunState, step: TrainStep, train_loader, val_loader
+    run: Run, state: checkpoint.RunState, step: TrainStep, train_loader, val_loader, bundle: DataBundle
 ) -> EpochsOutcome:
-    """The epochs from `state.epoch`: train, validate on rank 0 with the EMA, end the epoch, stop early
-    or on SIGTERM (rank 0 decides for every rank)."""
+    """The epochs from `state.epoch`: train, validate with the EMA (every rank its shard), end the epoch
+    on rank 0, stop early or on SIGTERM (rank 0 decides for every rank). `bundle` gives the plots the
+    class names and the val labels."""
     config, main = run.config, run.main
     outcome = EpochsOutcome()
     board = open_tensorboard(run.dirs.tensorboard_dir) if main else None
@@ -636,9 +648,12 @@ def run_epochs(
             epoch_started = time.perf_counter()
             train_loader.sampler.set_epoch(epoch)
             first_iteration = state.iteration
+            batches_in = train_loader
+            if main and epoch == 0 and not config.noplots:  # train_batch0..2.jpg: the first augmented batches
+                batches_in = plots.recording_batches(train_loader, run.dirs.output_dir, bundle.names)
             result = train_one_epoch(
                 step,
-                train_loader,
+                batches_in,
                 epoch=epoch,
                 first_iteration=state.iteration,
                 last_optimizer_iteration=state.last_optimizer_iteration,
@@ -667,7 +682,13 @@ def run_epochs(
             # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
             metrics = None
             last_epoch = epoch + 1 == config.epochs
+            recorder = None
             if val_loader is not None and (not config.noval or last_epoch):
+                if not config.noplots:  # every rank records its shard; gathered to rank 0 below
+                    index = bundle.val_index
+                    recorder = plots.ValidationPlots(
+                        index.images, index.shapes, index.labels, bundle.nc, keep_first=main
+                    )
                 metrics = evaluate(
                     run.stack.ema.module,
                     val_loader,
@@ -677,11 +698,14 @@ def run_epochs(
                     iou_thres=config.val_iou,
                     max_det=config.max_det,
                     should_stop=lambda: stop.requested,
+                    on_image=recorder.on_image if recorder is not None else None,
                     gather=True,
                 )  # None when SIGTERM cut it short, and on ranks other than 0
+                if recorder is not None:
+                    recorder.gather()  # every rank: rank 0's confusion matrix and curves cover every image
             state.epoch = epoch + 1
             if main:
-                end_epoch(run, state, result, metrics, time.perf_counter() - epoch_started, board)
+                end_epoch(run, state, result, metrics, time.perf_counter() - epoch_started, board, recorder)
                 outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
             # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
             stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
@@ -772,9 +796,11 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
             workers,
             run.warmup_iters,
         )
+        if not config.noplots:
+            plots.write_labels_plot(dirs.output_dir, bundle.train_index.labels, bundle.names)
 
     # -- the epochs, then the final outputs on rank 0
-    outcome = run_epochs(run, state, step, train_loader, val_loader)
+    outcome = run_epochs(run, state, step, train_loader, val_loader, bundle)
     if run.main and not outcome.interrupted:
         write_final_outputs(run, state, outcome, started)
     distributed.barrier()
@@ -809,13 +835,17 @@ def validate_best(run: Run, val_loader) -> DetectionMetrics | None:
 
 
 def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOutcome, started: float) -> None:
-    """best EMA weights (float16, our format), resolved config and metrics.json in model_dir."""
+    """best EMA weights (float16, our format), the serving files (best.torchscript/.onnx, code/), resolved
+    config and metrics.json in model_dir."""
     config, info, dirs, ema = run.config, run.info, run.dirs, run.stack.ema
     best_path = dirs.checkpoint_dir / checkpoint.BEST
     if best_path.is_file():
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
     meta = {"train_config": config.to_dict(), "hyp": run.hyp, "epochs_trained": len(state.history)}
     save_weights(dirs.model_dir / "best.pt", ema.module, meta=meta, half=True)
+    # best.torchscript (+ best.onnx) and code/: seconds of CPU work, while the other ranks wait in the
+    # final barrier (its timeout is --dist-timeout, 1800 s by default)
+    write_serving_files(dirs.model_dir, ema.module, config.imgsz)
     write_json(
         dirs.model_dir / "config.json",
         {

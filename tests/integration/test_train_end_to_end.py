@@ -2,16 +2,20 @@
 loss, and a bad option failing before any work. Each test runs the real CLI in a subprocess."""
 
 import csv
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
+import cv2
 import pytest
 import torch
+from detections import assert_same_detections, run_handler
 
 REPO = Path(__file__).parent.parent.parent
 
@@ -115,6 +119,59 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
         } <= set(state)
     assert "epoch=1 step=1 loss=" in stdout and "samples_per_sec=" in stdout and "data_wait=" in stdout
     print(f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}")
+
+
+def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
+    """model.tar.gz holds the weights, TorchScript (+ ONNX), code/inference.py and two JSON files, no
+    checkpoint, cache or dataset; the handler, run without the package, answers as predict does."""
+    out, _, _ = embedded_run
+    model_dir = out / "model"
+    files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
+    expected = ["best.pt", "best.torchscript", "code/inference.py", "config.json", "metrics.json"]
+    if importlib.util.find_spec("onnx") is not None:
+        expected = sorted([*expected, "best.onnx"])
+    assert files == expected
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:  # what SageMaker uploads
+        tar.add(model_dir, arcname=".")
+    size_mb = archive.stat().st_size / 2**20
+    print(f"model.tar.gz (yolov5n): {size_mb:.1f} MB, files {files}")
+    assert size_mb < 20
+    val_images = next((out / "cache").rglob("images/val"))
+    low = ["--conf", "0.005", "--max-det", "1000"]  # a 6-epoch model is unsure of everything
+    proc = subprocess.run(
+        [sys.executable, "-m", "yolov5_smddp", "predict", "--weights", str(model_dir / "best.pt")]
+        + ["--source", str(val_images), "--out", str(tmp_path / "predict"), "--imgsz", "160", *low],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = sorted(tmp_path.joinpath("predict").glob("*.json"))
+    found = [a for a in answers if json.loads(a.read_text())["detections"]]
+    assert found, "the trained model should find something in the validation images"
+    for answer in found[:2]:
+        want = json.loads(answer.read_text())
+        got = run_handler(
+            model_dir, Path(want["image"]), "image/jpeg", YOLOV5_CONF="0.005", YOLOV5_MAX_DET="1000"
+        )
+        assert_same_detections(got, want)
+
+
+def test_plots_in_the_output_folder(embedded_run):
+    """The release's plot files, updated after each validation, beside results.csv; every one decodes."""
+    out, _, _ = embedded_run
+    names = {p.name for p in (out / "output").iterdir()}
+    expected = {"results.csv", "val_batch0_labels.jpg", "val_batch0_pred.jpg"}
+    expected |= {"train_batch0.jpg", "train_batch1.jpg", "train_batch2.jpg"}
+    if importlib.util.find_spec("matplotlib") is not None:
+        expected |= {"results.png", "labels.jpg", "confusion_matrix.png"}
+        expected |= {"PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"}
+    assert names == expected  # nothing else: no temporary files left behind
+    for name in expected - {"results.csv"}:
+        image = cv2.imread(str(out / "output" / name))
+        assert image is not None and min(image.shape[:2]) > 50, name
 
 
 def _tiny_dataset(root: Path) -> Path:

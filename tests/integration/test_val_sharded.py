@@ -166,6 +166,10 @@ def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
     final = json.loads((out / "model" / "metrics.json").read_text())["final"]
     metric_lines = [line for line in stdout.splitlines() if "mAP50-95=" in line]
     assert metric_lines[-1].startswith("final=1 ")
+    # the plots of sharded validation: rank 0 writes them from every rank's gathered images
+    plotted = {p.name for p in (out / "output").iterdir()}
+    assert {"confusion_matrix.png", "PR_curve.png", "results.png", "val_batch0_pred.jpg"} <= plotted
+    assert "train_batch0.jpg" in plotted
 
     # one process, the written best.pt, the trainer's val batch size (2 x per-rank batch)
     val = [

@@ -25,7 +25,12 @@ IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tif
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", required=True, type=Path, help="checkpoint: ours or the release's .pt")
+    parser.add_argument(
+        "--weights",
+        required=True,
+        type=Path,
+        help="checkpoint: ours or the release's .pt, or an exported .onnx",
+    )
     parser.add_argument("--source", required=True, type=Path, help="an image file or a folder of images")
     parser.add_argument("--out", required=True, type=Path, help="output folder for JSON and annotated images")
     parser.add_argument("--imgsz", type=int, default=640, help="square network input size (multiple of 32)")
@@ -114,6 +119,24 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _onnx_forward(path: Path, shape: tuple[int, int]):
+    """(forward, names, input shape) for an exported .onnx file run by onnxruntime; a file exported
+    for one size is fed that size."""
+    from yolov5_smddp.onnx_model import OnnxDetector
+
+    detector = OnnxDetector(path)
+    batch = detector.input.shape[0]
+    if isinstance(batch, int) and batch != 1:
+        raise ConfigError(
+            f"--weights {path}: exported for batch size {batch}; predict feeds one image at a time "
+            f"(export with --batch-size 1 or --dynamic)"
+        )
+    fixed = detector.fixed_size()
+    if fixed is not None and fixed != shape:
+        log.info("%s: exported for %dx%d (h x w) input; using that instead of --imgsz", path, *fixed)
+    return detector, detector.names, fixed or shape
+
+
 def run(args: argparse.Namespace) -> int:
     import cv2
     import torch
@@ -137,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
             f"--out {args.out}: {what} the source folder; choose another so the inputs stay untouched"
         )
     device = _device(args.device)
-    model = load_model(args.weights, device).fuse()
+    shape = (args.imgsz, args.imgsz)
+    if args.weights.suffix.lower() == ".onnx":
+        forward, names, shape = _onnx_forward(args.weights, shape)
+    else:
+        model = load_model(args.weights, device).fuse()
+        forward, names = (lambda x: model(x)[0]), model.names
     args.out.mkdir(parents=True, exist_ok=True)
 
     skipped: list[str] = []
@@ -149,13 +177,13 @@ def run(args: argparse.Namespace) -> int:
             log.warning("skipped: %s", skipped[-1])
             continue
         h0, w0 = original.shape[:2]
-        padded, ratio, pad = letterbox(cv2.cvtColor(original, cv2.COLOR_BGR2RGB), args.imgsz, auto=False)
+        padded, ratio, pad = letterbox(cv2.cvtColor(original, cv2.COLOR_BGR2RGB), shape, auto=False)
         x = torch.from_numpy(padded).permute(2, 0, 1)[None].to(device)  # uint8 [1, 3, H, W] RGB
         with torch.inference_mode():
-            pred, _ = model(x.float() / 255)
+            pred = forward(x.float() / 255).to(device)
             (det,) = non_max_suppression(pred, args.conf, args.iou, max_det=args.max_det)
             det[:, :4] = to_original_pixels(det[:, :4], padded.shape[:2], (h0, w0), ratio, pad)
-        records = detection_records(det.cpu(), model.names)
+        records = detection_records(det.cpu(), names)
         result = {"image": str(path), "width": w0, "height": h0, "detections": records}
         (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         cv2.imwrite(str(args.out / f"{stem}.jpg"), _annotate(original, records))

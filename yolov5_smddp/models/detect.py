@@ -69,16 +69,14 @@ class Detect(nn.Module):
             return self._decode_float32(level, raw.float())
 
     def _decode_float32(self, level: int, raw: torch.Tensor) -> torch.Tensor:
-        batch, na, ny, nx, no = raw.shape
+        batch, na, ny, nx, _ = raw.shape
         stride = self.strides[level]
-        ys, xs = torch.meshgrid(
-            torch.arange(ny, device=raw.device, dtype=raw.dtype),
-            torch.arange(nx, device=raw.device, dtype=raw.dtype),
-            indexing="ij",
-        )
-        grid = torch.stack((xs, ys), dim=-1).view(1, 1, ny, nx, 2)
+        # cell indices from the tensor itself, not torch.arange(device=...): a traced TorchScript / ONNX
+        # graph then holds no device constant and runs on CPU and GPU alike (exact integers in float)
+        ones = torch.ones_like(raw[0, 0, :, :, 0])  # [ny, nx]
+        grid = torch.stack((ones.cumsum(1) - 1, ones.cumsum(0) - 1), dim=-1).view(1, 1, ny, nx, 2)
         anchor_px = (self.anchors[level] * stride).to(raw.dtype).view(1, na, 1, 1, 2)
         s = raw.sigmoid()
         xy = (s[..., :2] * 2 - 0.5 + grid) * stride
         wh = (s[..., 2:4] * 2) ** 2 * anchor_px
-        return torch.cat((xy, wh, s[..., 4:]), dim=-1).view(batch, na * ny * nx, no)
+        return torch.cat((xy, wh, s[..., 4:]), dim=-1).view(batch, na * ny * nx, self.no)

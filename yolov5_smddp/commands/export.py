@@ -1,0 +1,59 @@
+"""`yolov5-smddp export`: write TorchScript and/or ONNX files of a checkpoint (ours or the release's .pt)
+beside the weights or in --output-dir: input `images` [B, 3, H, W] RGB 0-1, output `output0`
+[B, N, 5 + nc] (xywh in input pixels, objectness, class scores; no NMS), metadata stride and names."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", required=True, type=Path, help="checkpoint: ours or the release's .pt")
+    parser.add_argument(
+        "--include",
+        nargs="+",
+        default=["torchscript"],
+        choices=["torchscript", "onnx"],
+        help="formats to write (default: torchscript)",
+    )
+    parser.add_argument(
+        "--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="input size: H or H W"
+    )
+    parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=1)
+    parser.add_argument("--dynamic", action="store_true", help="ONNX: dynamic batch, height and width")
+    parser.add_argument("--half", action="store_true", help="float16 (needs --device cuda)")
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--output-dir",
+        "--output_dir",
+        dest="output_dir",
+        type=Path,
+        default=None,
+        help="folder for the exported files (default: beside the weights)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from yolov5_smddp.commands.predict import _device
+    from yolov5_smddp.export import ExportOptions, export_model, image_size
+    from yolov5_smddp.models.weights import load_model
+
+    options = ExportOptions(
+        include=tuple(dict.fromkeys(args.include)),
+        imgsz=image_size(args.imgsz),
+        batch_size=args.batch_size,
+        dynamic=args.dynamic,
+        half=args.half,
+        opset=args.opset,
+    )
+    device = _device(args.device)
+    model = load_model(args.weights, device)
+    folder = args.output_dir if args.output_dir is not None else args.weights.parent
+    written = export_model(model, folder / args.weights.stem, options, device)
+    log.info("exported %s", ", ".join(str(p) for p in written.values()))
+    return 0

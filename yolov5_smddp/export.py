@@ -1,0 +1,210 @@
+"""Export a trained detector to TorchScript and ONNX, the two framework-neutral files that serving stacks
+load without this package.
+
+Both files compute the eval-mode output of the model (`DetectionModel` with BatchNorm folded):
+input `images` float [B, 3, H, W], RGB in [0, 1], letterboxed; output `output0` [B, N, 5 + nc] with
+(xc, yc, w, h) in input pixels, objectness and class probabilities; NMS is left to the caller, as ONNX
+users of YOLOv5 expect. Metadata: ONNX `metadata_props` "stride" ("32") and "names" (a Python dict literal,
+"{0: 'person', ...}", as the release writes it); TorchScript an extra file `config.txt` holding JSON
+{"shape", "stride", "names", "imgsz"}.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.models.yolo import DetectionModel
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("torchscript", "onnx")
+SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx"}
+INPUT_NAME, OUTPUT_NAME = "images", "output0"
+TORCHSCRIPT_CONFIG = "config.txt"
+DEFAULT_OPSET = 17
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What to write: `include` ⊆ FORMATS; `imgsz` (h, w) multiples of the model's largest stride."""
+
+    include: tuple[str, ...] = ("torchscript",)
+    imgsz: tuple[int, int] = (640, 640)
+    batch_size: int = 1
+    dynamic: bool = False
+    half: bool = False
+    opset: int = DEFAULT_OPSET
+
+
+class ExportModule(nn.Module):
+    """The model's eval forward with only the decoded predictions as output (no raw per-level list)."""
+
+    def __init__(self, model: DetectionModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)[0]
+
+
+def image_size(values: Sequence[int]) -> tuple[int, int]:
+    """--imgsz as given (one value: square; two: height width) → (h, w)."""
+    if len(values) not in (1, 2):
+        raise ConfigError(f"--imgsz {' '.join(map(str, values))}: give one size or height and width")
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def check_options(options: ExportOptions, stride: int, device: torch.device) -> None:
+    """ConfigError naming the option when it cannot be exported."""
+    unknown = [f for f in options.include if f not in FORMATS]
+    if unknown or not options.include:
+        raise ConfigError(f"--include {' '.join(options.include)}: choose from {', '.join(FORMATS)}")
+    if any(s <= 0 or s % stride for s in options.imgsz):
+        raise ConfigError(
+            f"--imgsz {options.imgsz[0]} {options.imgsz[1]}: must be positive multiples of {stride}"
+        )
+    if options.batch_size < 1:
+        raise ConfigError(f"--batch-size {options.batch_size}: must be at least 1")
+    if options.half and device.type != "cuda":
+        raise ConfigError("--half: float16 export needs a GPU (--device cuda); CPUs export float32")
+    if options.half and options.dynamic:
+        raise ConfigError("--half and --dynamic together are not supported; choose one")
+
+
+def names_literal(names: Sequence[str]) -> str:
+    """The `names` metadata as the release writes it: a Python dict literal {index: name}."""
+    return repr(dict(enumerate(str(n) for n in names)))
+
+
+def export_model(
+    model: DetectionModel, stem: Path, options: ExportOptions, device: torch.device | str = "cpu"
+) -> dict[str, Path]:
+    """Write `<stem>.torchscript` and/or `<stem>.onnx` for `model` (fused in place, eval mode);
+    returns {format: path}. Each file is written atomically."""
+    device = torch.device(device)
+    stride = int(max(model.stride.tolist()))
+    check_options(options, stride, device)
+    if "onnx" in options.include:
+        require_onnx()
+    model = model.to(device).fuse().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    module = ExportModule(model).eval()  # eval: the ONNX exporter restores the mode it found
+    dtype = torch.float16 if options.half else torch.float32
+    module = module.to(dtype)
+    example = torch.zeros(options.batch_size, 3, *options.imgsz, device=device, dtype=dtype)
+    with torch.inference_mode():
+        output = module(example)  # a dry run: shapes for the log, and lazy initialisation done
+    written = {}
+    for fmt in options.include:
+        path = stem.with_suffix(SUFFIXES[fmt])
+        if fmt == "torchscript":
+            _torchscript(module, example, path, _config(model, example, options))
+        else:
+            _onnx(module, example, path, options, _metadata(model), output.shape[2])
+        written[fmt] = path
+        size_mb = path.stat().st_size / 2**20
+        log.info(
+            "%s: %s (%.1f MB), input %s %s, output %s %s",
+            fmt,
+            path,
+            size_mb,
+            INPUT_NAME,
+            list(example.shape),
+            OUTPUT_NAME,
+            list(output.shape),
+        )
+    return written
+
+
+def _config(model: DetectionModel, example: torch.Tensor, options: ExportOptions) -> dict:
+    return {
+        "shape": list(example.shape),
+        "stride": int(max(model.stride.tolist())),
+        "names": dict(enumerate(model.names)),
+        "imgsz": list(options.imgsz),
+        "dynamic": options.dynamic,
+        "half": options.half,
+    }
+
+
+def _metadata(model: DetectionModel) -> dict[str, str]:
+    return {"stride": str(int(max(model.stride.tolist()))), "names": names_literal(model.names)}
+
+
+def _torchscript(module: nn.Module, example: torch.Tensor, path: Path, config: dict) -> None:
+    with torch.inference_mode(False), torch.no_grad():
+        traced = torch.jit.trace(module, example, strict=False, check_trace=False)
+    extra = {TORCHSCRIPT_CONFIG: json.dumps(config)}
+    with atomic_write(path) as handle:
+        torch.jit.save(traced, handle, _extra_files=extra)
+
+
+def require_onnx():
+    """The `onnx` package, or ConfigError saying how to get it."""
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError(
+            "ONNX export needs the onnx package, which is not installed (pip install onnx)"
+        ) from None
+    return onnx
+
+
+def _onnx(
+    module: nn.Module,
+    example: torch.Tensor,
+    path: Path,
+    options: ExportOptions,
+    meta: dict,
+    channels_out: int,
+) -> None:
+    onnx = require_onnx()
+    kwargs = {}
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        kwargs["dynamo"] = False  # the TorchScript-based exporter: named dynamic axes, any torch >= 2.1
+    dynamic_axes = None
+    if options.dynamic:
+        dynamic_axes = {
+            INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
+            OUTPUT_NAME: {0: "batch", 1: "anchors"},
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                module,
+                (example,),
+                str(tmp),
+                opset_version=options.opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes=dynamic_axes,
+                do_constant_folding=True,
+                **kwargs,
+            )
+        graph = onnx.load(str(tmp))
+        # the channel count is fixed even in a dynamic graph, where the exporter names it symbolically
+        channels = graph.graph.output[0].type.tensor_type.shape.dim[2]
+        channels.Clear()
+        channels.dim_value = channels_out
+        onnx.checker.check_model(graph)
+        for key, value in meta.items():
+            entry = graph.metadata_props.add()
+            entry.key, entry.value = key, value
+        with atomic_write(path) as handle:
+            handle.write(graph.SerializeToString())
+    finally:
+        tmp.unlink(missing_ok=True)
