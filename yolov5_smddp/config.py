@@ -135,6 +135,8 @@ class TrainConfig:
     /tmp/yolov5-smddp-cache."""
     tensorboard_dir: str | None = None
     """TensorBoard event files (optional; needs the tensorboard package)."""
+    run_name: str | None = None
+    """the MLflow run's name (mlflow_log; on SageMaker the training job's name)."""
     dist_timeout: float = 1800.0
     """collective timeout in seconds."""
     val_conf: float = 0.001
@@ -448,6 +450,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "~/.cache/yolov5-smddp; on SageMaker the warm-pool cache or /tmp/yolov5-smddp-cache); "
         "nothing is ever written under a dataset",
     )
+    _add(parser, "run-name", type=_optional_string, help="MLflow run name (SageMaker: the job name)")
     _add(parser, "dist-timeout", type=float, help="collective timeout in seconds")
     _add(parser, "val-conf", type=float)
     _add(parser, "val-iou", type=float)

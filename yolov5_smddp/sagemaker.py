@@ -572,6 +572,8 @@ def run_job(
         cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
         check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
     worker_args = list(train_args) + location_args(env, train_args)
+    if environ.get("TRAINING_JOB_NAME") and not _given(train_args, "run-name"):
+        worker_args += ["--run-name", environ["TRAINING_JOB_NAME"]]  # names the MLflow run (mlflow_log)
     if data_yaml is not None:
         worker_args += ["--data", str(data_yaml)]
     if plan.prefer_smddp and not _given(train_args, "backend"):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, distributed
+from yolov5_smddp import checkpoint, distributed, mlflow_log
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -482,6 +482,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     throughputs: list[dict[str, float]] = []
     interrupted = False
     board = open_tensorboard(dirs.get("tensorboard_dir")) if main else None
+    tracking = mlflow_log.start({**config.to_dict(), "hyp": hyp}, run_name=config.run_name) if main else None
     with _StopOnSigterm() as stop:
         for epoch in range(start_epoch, config.epochs):
             epoch_started = time.perf_counter()
@@ -570,6 +571,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
                     dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved
                 )
                 write_results_csv(dirs["output_dir"] / "results.csv", history)
+                if tracking is not None:
+                    tracking.log_epoch(epoch + 1, row)
                 if board is not None:
                     for key, value in row.items():
                         board.add_scalar(key, value, epoch + 1)
@@ -597,6 +600,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
         write_final_outputs(
             config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
         )
+    if tracking is not None:
+        tracking.finish(dirs["output_dir"], dirs["model_dir"], interrupted=interrupted)
     distributed.barrier()
     return EXIT_INTERRUPTED if interrupted else 0
 
