@@ -15,6 +15,7 @@ SIGTERM and resume are covered by tests/docker/test_container.py and test_cluste
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,7 @@ if int(sagemaker.__version__.split(".")[0]) >= 3:
         f"these tests drive SDK v2 (sagemaker<3); found {sagemaker.__version__}", allow_module_level=True
     )
 
+from docker.errors import DockerException  # noqa: E402
 from sagemaker.local import LocalSession  # noqa: E402
 from sagemaker.pytorch import PyTorch  # noqa: E402
 
@@ -43,6 +46,7 @@ from yolov5_smddp.telemetry import METRIC_DEFINITIONS  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
+LOCAL_NETWORK = "sagemaker-local"
 FIT_TIMEOUT_S = 1200  # the SMDDP row took 561 s on a 2-core machine at load 18
 METRIC_REGEXES = {d["Name"]: d["Regex"] for d in METRIC_DEFINITIONS}
 SMDDP = {"smdistributed": {"dataparallel": {"enabled": True}}}
@@ -84,6 +88,18 @@ def _compose_containers(client, root: Path) -> list:
 def _remove_compose_leftovers(client, root: Path) -> None:
     for container in _compose_containers(client, root):
         container.remove(force=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _local_mode_network(client) -> Iterator[None]:
+    """Local mode's compose file names its network `sagemaker-local` and nothing removes it: remove it after
+    these tests unless it existed before (a user's) or is still in use (the engine refuses then)."""
+    existed = bool(client.networks.list(names=[LOCAL_NETWORK]))
+    yield
+    if not existed:
+        for network in client.networks.list(names=[LOCAL_NETWORK]):
+            with contextlib.suppress(DockerException):
+                network.remove()
 
 
 def _sdk_fit(

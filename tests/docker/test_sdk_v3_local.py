@@ -52,11 +52,17 @@ def _remove_compose_containers(client, root: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("instance_count", "torchrun"),
-    [(1, False), (2, False), (2, True)],
+    ("instance_count", "torchrun", "launched_by"),
+    [
+        (1, False, "launch: single, 1 host(s)"),
+        (2, False, "launch: elastic, 2 host(s) x 1 worker(s)"),
+        (2, True, "Executing command: torchrun --nnodes=2 --nproc_per_node=1 --master_addr=algo-1"),
+    ],
     ids=["1-instance", "2-instances-our-launcher", "2-instances-torchrun-source-code"],
 )
-def test_sdk_v3_local_container_mode_trains(client, image, tmp_path, capfd, no_aws, instance_count, torchrun):
+def test_sdk_v3_local_container_mode_trains(
+    client, image, tmp_path, capfd, no_aws, instance_count, torchrun, launched_by
+):
     """Without source code the image's own `train` runs (the toolkit, then our launcher). With source code and
     `Torchrun()` (what job.model_trainer_kwargs builds) the SDK runs its own driver script in the image instead
     (`bash -c sm_train.sh`: neither our ENTRYPOINT nor the toolkit), which starts torchrun on entrypoint.py."""
@@ -105,6 +111,7 @@ def test_sdk_v3_local_container_mode_trains(client, image, tmp_path, capfd, no_a
     assert not timed_out, f"train() did not end within {TRAIN_TIMEOUT_S} s:\n{log[-6000:]}"
     assert "error" not in outcome, f"train() failed: {outcome['error']}\n{log[-6000:]}"
     assert f"world_size={instance_count}" in log, log[-6000:]
+    assert launched_by in log, log[-6000:]
     tarball = root / "compressed_artifacts" / "model.tar.gz"
     assert tarball.is_file(), sorted(os.listdir(root))
     with tarfile.open(tarball) as tar:
