@@ -3,7 +3,10 @@
 # OpenCV over the base image's. Any image with python3, torch, torchvision, cv2 and yaml works as a base
 # (then NCCL/Gloo instead of SMDDP), e.g. the local stand-in: `./build.sh build --base local`.
 ARG REGION=us-west-2
-ARG BASE_IMAGE=763104351884.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+# The DLC: yolov5_smddp/dlc.py owns these two values (a test checks they agree; build.sh reads them here).
+ARG DLC_ACCOUNT=763104351884
+ARG DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+ARG BASE_IMAGE=${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${DLC_TAG}
 FROM ${BASE_IMAGE}
 
 # Static settings first (cached). SAGEMAKER_PROGRAM is looked up in /opt/ml/code; the ENTRYPOINT is a thin

@@ -13,7 +13,7 @@ commands:
   build [--base local|dlc|IMAGE] [--region R]
         Build the training image and print its tag (last line of stdout): yolov5-smddp:<version>-<git sha>,
         with -standin appended on the local base. --base dlc (default) is the AWS PyTorch DLC with SMDDP
-        (763104351884.dkr.ecr.R.amazonaws.com/pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker;
+        (the PyTorch training DLC named in yolov5_smddp/dlc.py;
         needs the aws CLI and credentials); --base local is the stand-in built from Debian packages (CPU,
         Gloo, the real SageMaker toolkit; no AWS needed); any other value is used as the base image.
   push [--registry HOST | --account ID] [--region R] [--repo NAME] [--image TAG]
@@ -47,8 +47,8 @@ need_aws() { command -v aws >/dev/null || die "the aws CLI is needed for $1 (pip
 
 IMAGE_NAME="${IMAGE_NAME:-yolov5-smddp}"
 REGION="${AWS_REGION:-${REGION:-us-west-2}}"
-DLC_ACCOUNT=763104351884
-DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+DLC_ACCOUNT="$(sed -n 's/^ARG DLC_ACCOUNT=//p' Dockerfile)"  # yolov5_smddp/dlc.py owns the DLC; the Dockerfile repeats it
+DLC_TAG="$(sed -n 's/^ARG DLC_TAG=//p' Dockerfile)"
 
 version() { sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1; }
 git_sha() { git rev-parse --short=12 HEAD 2>/dev/null || echo nogit; }

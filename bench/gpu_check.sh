@@ -84,7 +84,7 @@ EOF
 )
 if [ -n "$step_ms" ]; then
     echo "== scaling model with the measured yolov5x batch-$batch_ref bf16 step ($step_ms ms)"
-    timeout 60 "$python" -m yolov5_smddp bench scaling --cfg yolov5x.yaml --step-ms "$step_ms" \
+    timeout 60 "$python" -m bench.scaling --cfg yolov5x.yaml --step-ms "$step_ms" \
         --batch-per-gpu "$batch_ref" --nodes 1,2,4,8 --gpus-per-node 8 --inter-node-gbps 400 --intra-node-gbps 2400 \
         --json "$results/scaling_yolov5x.json" 2>&1 | tee "$results/scaling_yolov5x.log" || status=1
 fi

@@ -38,7 +38,7 @@ def base_command(args: list[str]) -> list[str]:
 
 def prepare_train(args: list[str]) -> list[str]:
     from yolov5_smddp.errors import UserError
-    from yolov5_smddp.sagemaker import write_local_config
+    from yolov5_smddp.sagemaker.local_config import write_local_config
 
     try:
         written = write_local_config(os.environ, args[1:], hostname=socket.gethostname())

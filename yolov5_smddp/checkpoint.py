@@ -9,6 +9,7 @@ name in the same folder and renamed over the old one, so a reader never sees hal
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,45 @@ from yolov5_smddp.errors import WeightsError
 FORMAT = "yolov5-smddp-train-checkpoint/1"
 LAST = "last.pt"
 BEST = "best.pt"
+
+
+@dataclass
+class RunState:
+    """Where a run stands: what a resume needs beyond the model, EMA, optimizer and scaler states. Adding
+    a resume field is one field here (with its default for older checkpoints) and one line in each method."""
+
+    epoch: int = 0
+    """the next epoch to run (0-based)."""
+    iteration: int = 0
+    """micro-steps done so far."""
+    best_fitness: float = -1.0
+    stale_epochs: int = 0
+    """epochs since the fitness last improved (early stopping)."""
+    history: list[dict[str, float]] = field(default_factory=list)
+    """one results row per finished epoch."""
+    last_optimizer_iteration: int = -1
+    """the micro-step of the last optimizer step (not saved: a resume starts at an optimizer step)."""
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "iteration": self.iteration,
+            "best_fitness": self.best_fitness,
+            "stale_epochs": self.stale_epochs,
+            "history": self.history,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> RunState:
+        iteration = int(state["iteration"])
+        return cls(
+            epoch=int(state["epoch"]),
+            iteration=iteration,
+            best_fitness=float(state["best_fitness"]),
+            stale_epochs=int(state["stale_epochs"]),
+            history=list(state["history"]),
+            last_optimizer_iteration=iteration - 1,
+        )
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -37,6 +77,11 @@ def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) 
     if best:
         atomic_torch_save(state, Path(folder) / BEST)
     return last
+
+
+def interrupted_message(when: str, folder: Path) -> str:
+    """What a run stopped by SIGTERM prints: `when` is "in epoch 3" or "after epoch 2"."""
+    return f"interrupted {when}: checkpoint {folder / LAST} written; run the same command again to resume"
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "val": ("yolov5_smddp.commands.val", "validate weights on a dataset (mAP50, mAP50-95)"),
     "predict": ("yolov5_smddp.commands.predict", "detect objects in images, write JSON and annotated images"),
     "info": ("yolov5_smddp.commands.info", "layers, parameters and GFLOPs of a model config"),
-    "bench": ("yolov5_smddp.commands.bench", "benchmarks: train, data, workers, scaling"),
+    "bench": ("yolov5_smddp.commands.bench", "benchmarks: train, data, workers"),
 }
 
 log = logging.getLogger("yolov5_smddp")

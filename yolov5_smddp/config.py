@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -25,42 +25,229 @@ from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
 HYP_NAMES = ("scratch-low", "scratch-high")
-OPTIMIZERS = ("SGD", "Adam", "AdamW")
-AMP_MODES = ("auto", "fp16", "bf16", "off")
-BACKENDS = ("auto", "smddp", "nccl", "gloo")
-CACHE_MODES = ("ram",)  # decoded images in RAM, each rank its own shard
+Optimizer = Literal["SGD", "Adam", "AdamW"]
+AmpMode = Literal["auto", "fp16", "bf16", "off"]
+Backend = Literal["auto", "smddp", "nccl", "gloo"]
+CacheMode = Literal["ram"]  # decoded images in RAM, each rank its own shard
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+AMP_MODES: tuple[str, ...] = get_args(AmpMode)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+CACHE_MODES: tuple[str, ...] = get_args(CacheMode)
 
-# Allowed closed ranges per hyperparameter key; the YAMLs in yolov5_smddp/hyps/ hold every key.
-HYP_RANGES: dict[str, tuple[float, float]] = {
-    "lr0": (1e-8, 1.0),
-    "lrf": (1e-6, 1.0),
-    "momentum": (0.0, 0.999),
-    "weight_decay": (0.0, 0.1),
-    "warmup_epochs": (0.0, 100.0),
-    "warmup_momentum": (0.0, 0.999),
-    "warmup_bias_lr": (0.0, 1.0),
-    "box": (0.0, 100.0),
-    "cls": (0.0, 100.0),
-    "cls_pw": (1e-3, 100.0),
-    "obj": (0.0, 100.0),
-    "obj_pw": (1e-3, 100.0),
-    "iou_t": (0.0, 1.0),
-    "anchor_t": (1.0, 100.0),
-    "fl_gamma": (0.0, 10.0),
-    "hsv_h": (0.0, 1.0),
-    "hsv_s": (0.0, 1.0),
-    "hsv_v": (0.0, 1.0),
-    "degrees": (0.0, 180.0),
-    "translate": (0.0, 0.99),
-    "scale": (0.0, 0.99),
-    "shear": (0.0, 90.0),
-    "perspective": (0.0, 0.001),
-    "flipud": (0.0, 1.0),
-    "fliplr": (0.0, 1.0),
-    "mosaic": (0.0, 1.0),
-    "mixup": (0.0, 1.0),
-    "copy_paste": (0.0, 1.0),
+
+def _key(low: float, high: float, unused: str | None = None) -> Any:
+    """A hyperparameter: its allowed closed range and, for a key kept only for the release's files, why
+    its value does nothing here."""
+    return field(metadata={"range": (low, high), "unused": unused})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hyp:
+    """The hyperparameter keys, each with its allowed closed range: the one declaration of them. Values
+    come from the YAMLs in yolov5_smddp/hyps/ (the release's recipes; a user file may hold a subset, the
+    rest come from scratch-low) and `--hyp-override`. The loss gains box/cls/obj are for 3 levels, 80
+    classes and 640 px; the trainer rescales them."""
+
+    lr0: float = _key(1e-8, 1.0)
+    """initial learning rate (SGD; ~1e-3 for Adam/AdamW)."""
+    lrf: float = _key(1e-6, 1.0)
+    """final learning rate = lr0 * lrf."""
+    momentum: float = _key(0.0, 0.999)
+    """SGD momentum / Adam beta1."""
+    weight_decay: float = _key(0.0, 0.1)
+    """weight decay of conv/linear weights (scaled with the nominal batch)."""
+    warmup_epochs: float = _key(0.0, 100.0)
+    """warmup length in epochs (at least 100 iterations)."""
+    warmup_momentum: float = _key(0.0, 0.999)
+    """momentum at the start of warmup."""
+    warmup_bias_lr: float = _key(0.0, 1.0)
+    """bias learning rate at the start of warmup."""
+    box: float = _key(0.0, 100.0)
+    """box loss gain."""
+    cls: float = _key(0.0, 100.0)
+    """class loss gain."""
+    cls_pw: float = _key(1e-3, 100.0)
+    """class BCE positive weight."""
+    obj: float = _key(0.0, 100.0)
+    """objectness loss gain."""
+    obj_pw: float = _key(1e-3, 100.0)
+    """objectness BCE positive weight."""
+    iou_t: float = _key(0.0, 1.0, unused="the release's loss never reads it either; anchor_t decides")
+    """IoU training threshold (kept for the release's files)."""
+    anchor_t: float = _key(1.0, 100.0)
+    """anchor-multiple threshold for target assignment."""
+    fl_gamma: float = _key(0.0, 10.0)
+    """focal loss gamma (0 = plain BCE)."""
+    hsv_h: float = _key(0.0, 1.0)
+    """HSV hue jitter (fraction)."""
+    hsv_s: float = _key(0.0, 1.0)
+    """HSV saturation jitter (fraction)."""
+    hsv_v: float = _key(0.0, 1.0)
+    """HSV value jitter (fraction)."""
+    degrees: float = _key(0.0, 180.0)
+    """rotation (+/- degrees)."""
+    translate: float = _key(0.0, 0.99)
+    """translation (+/- fraction)."""
+    scale: float = _key(0.0, 0.99)
+    """scale gain (+/-)."""
+    shear: float = _key(0.0, 90.0)
+    """shear (+/- degrees)."""
+    perspective: float = _key(0.0, 0.001)
+    """perspective (+/- fraction)."""
+    flipud: float = _key(0.0, 1.0)
+    """vertical flip probability."""
+    fliplr: float = _key(0.0, 1.0)
+    """horizontal flip probability."""
+    mosaic: float = _key(0.0, 1.0)
+    """mosaic probability."""
+    mixup: float = _key(0.0, 1.0)
+    """mixup probability."""
+    copy_paste: float = _key(0.0, 1.0, unused="segment copy-paste needs polygon labels; boxes-only here")
+    """segment copy-paste probability (kept for the release's files)."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+HYP_RANGES: dict[str, tuple[float, float]] = {f.name: f.metadata["range"] for f in dataclasses.fields(Hyp)}
+"""Allowed closed range per hyperparameter key (from `Hyp`)."""
+UNUSED_HYP: dict[str, str] = {
+    f.name: f.metadata["unused"] for f in dataclasses.fields(Hyp) if f.metadata["unused"]
 }
+"""Keys accepted for the release's files that change nothing here, and why."""
+
+
+def unused_hyp_warnings(hyp: Mapping[str, float], reference: Mapping[str, float]) -> list[str]:
+    """One message per unused key (UNUSED_HYP) whose value in `hyp` differs from `reference` (scratch-low):
+    a value someone set expecting an effect."""
+    return [
+        f"hyperparameter {key}={hyp[key]:g} has no effect: {why}"
+        for key, why in UNUSED_HYP.items()
+        if key in hyp and hyp[key] != reference.get(key)
+    ]
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+class ConfigArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are ConfigErrors (no SystemExit in library code)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"invalid training option: {message}")
+
+
+def parse_bool(text: str) -> bool:
+    lowered = str(text).strip().strip('"').lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True/False/true/false/1/0, got {text!r}")
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text
+
+
+def _string(text: str) -> str:
+    return _unquote(text)
+
+
+def _optional_string(text: str) -> str | None:
+    value = _unquote(text)
+    return None if value.lower() in ("", "none", "null") else value
+
+
+def parse_int_list(text: str, *, minimum: int | None = None, what: str = "integers") -> list[int]:
+    """'10', '0,1,2', '[0, 1, 2]' → list of ints; an argparse `type` (ArgumentTypeError naming `what`).
+    `minimum`: every value must be >= it, and the list must not be empty."""
+    value = _unquote(text)
+    try:
+        parsed = (
+            json.loads(value) if value.startswith("[") else [int(v) for v in value.split(",") if v.strip()]
+        )
+        if isinstance(parsed, int):
+            parsed = [parsed]
+        values = [int(v) for v in parsed]
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
+    if minimum is not None and (not values or min(values) < minimum):
+        raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {text!r}")
+    return values
+
+
+def _layer_list(text: str) -> list[int]:
+    return parse_int_list(text, what="a layer count or a list of layer indices")
+
+
+def parse_overrides(text: str) -> dict[str, float]:
+    """'lr0=0.02,mosaic=0' or a JSON object '{"lr0": 0.02}' → {key: float}."""
+    value = _unquote(text)
+    try:
+        if value.startswith("{"):
+            pairs = json.loads(value)
+            if not isinstance(pairs, dict):
+                raise ValueError("not an object")
+            return {str(k): float(v) for k, v in pairs.items()}
+        out: dict[str, float] = {}
+        for item in filter(None, (p.strip() for p in value.split(","))):
+            key, sep, number = item.partition("=")
+            if not sep:
+                raise ValueError(f"{item!r} is not key=value")
+            out[key.strip()] = float(number)
+        return out
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected key=value,key=value or a JSON object, got {text!r} ({exc})"
+        ) from exc
+
+
+def _choice(choices: tuple[str, ...]):
+    def convert(text: str) -> str:
+        value = _unquote(text)
+        for choice in choices:
+            if value.lower() == choice.lower():
+                return choice
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+
+    convert.__name__ = "choice"
+    return convert
+
+
+def _optional_int(text: str) -> int | None:
+    value = _optional_string(text)
+    return None if value is None else int(value)
+
+
+def _optional_cache(text: str) -> str | None:
+    value = _optional_string(text)
+    if value is None or value.lower() in ("false", "0"):
+        return None
+    if value.lower() in ("true", "1"):  # the release's bare --cache means RAM
+        return "ram"
+    return _choice(CACHE_MODES)(value)
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    help: str | None = None,
+    parse: Any = None,
+    flags: tuple[str, ...] = (),
+    hidden: bool = False,
+    **argparse_kwargs: Any,
+) -> Any:
+    """A TrainConfig field and its command-line option: `--name-with-dashes` and `--name_with_underscores`
+    unless `flags` names them; the value parser follows the type (bool: an optional true/false, Literal: a
+    case-insensitive choice, `X | None`: "none" means None) unless `parse` is given."""
+    cli = {"help": argparse.SUPPRESS if hidden else help, "parse": parse, "flags": flags, **argparse_kwargs}
+    return field(default=default, default_factory=factory, metadata={"cli": cli})
 
 
 @dataclass(kw_only=True)
@@ -68,88 +255,106 @@ class TrainConfig:
     """Every training option. Paths are strings as given; `None` means "use the default" (see
     `resolve_output_dirs`)."""
 
-    data: str | None = None
+    data: str | None = option(None, help="data.yaml (default: the embedded synthetic dataset)")
     """data.yaml path; None → the embedded synthetic dataset generated under the cache folder."""
-    cfg: str = "yolov5s"
+    cfg: str = option("yolov5s", help="model config name (yolov5n/s/m/l/x) or YAML path")
     """model config: a name (yolov5n/s/m/l/x) or a YAML path."""
-    weights: str | None = None
+    weights: str | None = option(None, help="initial weights (ours or the release's .pt)")
     """initial weights (ours or the release's .pt); None → train from scratch."""
-    hyp: str = "scratch-low"
+    hyp: str = option("scratch-low", help="hyperparameters: scratch-low, scratch-high or a YAML path")
     """hyperparameters: a shipped name (scratch-low, scratch-high) or a YAML path."""
-    hyp_overrides: dict[str, float] = field(default_factory=dict)
+    hyp_overrides: dict[str, float] = option(
+        factory=dict,
+        help="key=value,... replacing hyperparameters",
+        parse=parse_overrides,
+        flags=("--hyp-override", "--hyp_override", "--hyp-overrides", "--hyp_overrides"),
+    )
     """hyperparameter values replacing the file's (`--hyp-override lr0=0.02,mosaic=0`)."""
-    epochs: int = 100
+    epochs: int = option(100)
     """number of training epochs."""
-    batch_size: int | None = None
+    batch_size: int | None = option(None, help="GLOBAL batch over all ranks (default 16)")
     """GLOBAL batch over all ranks (the release's meaning); default 16 when batch_per_gpu is not given."""
-    batch_per_gpu: int | None = None
+    batch_per_gpu: int | None = option(None, help="batch per rank (alternative to --batch-size)")
     """batch per rank; the global batch is this times the world size."""
-    imgsz: int = 640
+    imgsz: int = option(640, help="image size", flags=("--imgsz", "--img-size", "--img_size", "--img"))
     """train/val image size in pixels (a multiple of the largest stride, 32)."""
-    workers: int = 8
+    workers: int = option(8, help="max DataLoader workers per rank")
     """maximum DataLoader workers per rank (also capped by CPUs per local rank and the batch)."""
-    optimizer: str = "SGD"
+    optimizer: Optimizer = option("SGD")
     """SGD (Nesterov), Adam or AdamW."""
-    cos_lr: bool = False
+    cos_lr: bool = option(False, help="cosine learning-rate decay")
     """cosine instead of linear learning-rate decay."""
-    label_smoothing: float = 0.0
+    label_smoothing: float = option(0.0)
     """class label smoothing epsilon."""
-    patience: int = 100
+    patience: int = option(100, help="early-stopping patience in epochs (0 = off)")
     """early stopping: epochs without fitness improvement (0 disables)."""
-    freeze: list[int] = field(default_factory=list)
+    freeze: list[int] = option(
+        factory=list, help="freeze the first N layers, or a list of layer indices", parse=_layer_list
+    )
     """layer indices to freeze; a single value n freezes layers 0..n-1 (the release's meaning)."""
-    seed: int = 0
+    seed: int = option(0)
     """global random seed (each rank and worker derives its own)."""
-    rect: bool = False
+    rect: bool = option(False, help="rectangular training batches")
     """rectangular training batches (no mosaic)."""
-    multi_scale: bool = False
+    multi_scale: bool = option(False, help="vary image size +/-50%% per batch")
     """vary the image size +/- 50% per batch (multiples of 32)."""
-    sync_bn: bool = False
+    sync_bn: bool = option(False, help="SyncBatchNorm under DDP")
     """SyncBatchNorm under DDP (GPU backends only)."""
-    cache: str | None = None
+    cache: CacheMode | None = option(
+        None, help="cache decoded images in RAM", parse=_optional_cache, nargs="?", const="ram"
+    )
     """cache decoded images: 'ram' (each rank its shard); None → decode every time. No disk cache."""
-    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    max_image_pixels: int = option(
+        DEFAULT_MAX_PIXELS,
+        help=f"skip images whose header claims more pixels (default {DEFAULT_MAX_PIXELS:,} = 2^27: a decoded "
+        "image of 384 MiB per loader worker; OpenCV's own limit 2^30 fails with an error)",
+    )
     """skip images whose header claims more pixels (w * h) than this, before decoding them. 2^27 keeps
     a decoded image at 384 MiB, which every loader worker of every GPU may hold at once; OpenCV itself
     stops only at 2^30 (3 GiB), with an error."""
-    amp: str = "auto"
+    amp: AmpMode = option("auto", help="mixed precision: auto, fp16, bf16, off")
     """mixed precision: auto (bf16 on GPUs that support it, fp16 on older GPUs, off on CPU), fp16, bf16, off."""
-    backend: str = "auto"
+    backend: Backend = option("auto", help="auto, smddp, nccl, gloo")
     """process-group backend: auto (smddp if importable on CUDA, else nccl on CUDA, else gloo)."""
-    channels_last: bool = True
+    channels_last: bool = option(True, help="channels_last memory format")
     """use the channels_last memory format for the model and the input batch (faster convolutions with
     AMP on GPUs and with oneDNN on CPUs: yolov5n b8@320 CPU step 435 vs 458 ms fp32; `false` to disable)."""
-    compile: bool = False
+    compile: bool = option(False, help="torch.compile the model")
     """wrap the model in torch.compile."""
-    log_every: int = 50
+    log_every: int = option(50, help="metric line every N steps")
     """print a metric line (the only time losses are read back from the device) every N micro-steps."""
-    model_dir: str | None = None
+    model_dir: str | None = option(None)
     """final weights, resolved config and metrics.json."""
-    output_dir: str | None = None
+    output_dir: str | None = option(None)
     """results.csv and plots."""
-    checkpoint_dir: str | None = None
+    checkpoint_dir: str | None = option(None)
     """last/best training checkpoints; a valid `last` here is resumed automatically."""
-    cache_dir: str | None = None
+    cache_dir: str | None = option(
+        None,
+        help="label caches and the embedded dataset (default $XDG_CACHE_HOME/yolov5-smddp, else "
+        "~/.cache/yolov5-smddp; on SageMaker the warm-pool cache or /tmp/yolov5-smddp-cache); "
+        "nothing is ever written under a dataset",
+    )
     """label caches and the embedded dataset (nothing is ever written under a dataset); None →
     $XDG_CACHE_HOME/yolov5-smddp or ~/.cache/yolov5-smddp; on SageMaker the warm-pool cache, else
     /tmp/yolov5-smddp-cache."""
-    tensorboard_dir: str | None = None
+    tensorboard_dir: str | None = option(None)
     """TensorBoard event files (optional; needs the tensorboard package)."""
-    run_name: str | None = None
-    """the MLflow run's name (mlflow_log; on SageMaker the training job's name)."""
-    dist_timeout: float = 1800.0
+    run_name: str | None = option(None, help="MLflow run name (SageMaker: the job name)")
+    """the MLflow run's name (mlflow_log); on SageMaker the driver passes the training job's name."""
+    dist_timeout: float = option(1800.0, help="collective timeout in seconds")
     """collective timeout in seconds."""
-    val_conf: float = 0.001
+    val_conf: float = option(0.001)
     """validation confidence threshold."""
-    val_iou: float = 0.6
+    val_iou: float = option(0.6)
     """validation NMS IoU threshold."""
-    max_det: int = 300
+    max_det: int = option(300)
     """validation maximum detections per image."""
-    noval: bool = False
+    noval: bool = option(False, help="validate only after the final epoch")
     """validate only after the final epoch."""
-    max_nonfinite_steps: int = 25
+    max_nonfinite_steps: int = option(25, help="stop after N consecutive non-finite steps")
     """stop the run after this many consecutive optimizer steps with a non-finite loss or gradient."""
-    inject_nonfinite_step: int | None = None
+    inject_nonfinite_step: int | None = option(None, hidden=True)
     """test hook (hidden from --help): make the loss NaN from this micro-step on."""
 
     def __post_init__(self) -> None:
@@ -291,173 +496,44 @@ def load_hyp(name_or_path: str, overrides: dict[str, float] | None = None) -> di
 # ------------------------------------------------------------------------------------------ command line
 
 
-class ConfigArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are ConfigErrors (no SystemExit in library code)."""
+def _value_parser(hint: Any) -> Any:
+    """The argparse `type` for a field's type hint."""
+    optional = type(None) in get_args(hint)
+    base = next((a for a in get_args(hint) if a is not type(None)), hint) if optional else hint
+    if get_origin(base) is Literal:
+        convert = _choice(get_args(base))
+    elif base is str:
+        convert = _string
+    elif base in (int, float):
+        convert = base
+    else:
+        raise TypeError(f"TrainConfig: no command-line parser for {hint!r}; give option(parse=...)")
+    if not optional:
+        return convert
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"invalid training option: {message}")
+    def optional_value(text: str):
+        value = _optional_string(text)
+        return None if value is None else convert(value)
 
-
-def parse_bool(text: str) -> bool:
-    lowered = str(text).strip().strip('"').lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True/False/true/false/1/0, got {text!r}")
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        return text[1:-1]
-    return text
-
-
-def _string(text: str) -> str:
-    return _unquote(text)
-
-
-def _optional_string(text: str) -> str | None:
-    value = _unquote(text)
-    return None if value.lower() in ("", "none", "null") else value
-
-
-def _int_list(text: str) -> list[int]:
-    """'10', '0,1,2', '[0, 1, 2]' → list of ints."""
-    value = _unquote(text)
-    try:
-        parsed = (
-            json.loads(value) if value.startswith("[") else [int(v) for v in value.split(",") if v.strip()]
-        )
-        if isinstance(parsed, int):
-            parsed = [parsed]
-        return [int(v) for v in parsed]
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected a layer count or a list of layer indices, got {text!r}"
-        ) from exc
-
-
-def parse_overrides(text: str) -> dict[str, float]:
-    """'lr0=0.02,mosaic=0' or a JSON object '{"lr0": 0.02}' → {key: float}."""
-    value = _unquote(text)
-    try:
-        if value.startswith("{"):
-            pairs = json.loads(value)
-            if not isinstance(pairs, dict):
-                raise ValueError("not an object")
-            return {str(k): float(v) for k, v in pairs.items()}
-        out: dict[str, float] = {}
-        for item in filter(None, (p.strip() for p in value.split(","))):
-            key, sep, number = item.partition("=")
-            if not sep:
-                raise ValueError(f"{item!r} is not key=value")
-            out[key.strip()] = float(number)
-        return out
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected key=value,key=value or a JSON object, got {text!r} ({exc})"
-        ) from exc
-
-
-def _choice(choices: tuple[str, ...]):
-    def convert(text: str) -> str:
-        value = _unquote(text)
-        for choice in choices:
-            if value.lower() == choice.lower():
-                return choice
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
-
-    convert.__name__ = "choice"
-    return convert
-
-
-def _optional_int(text: str) -> int | None:
-    value = _optional_string(text)
-    return None if value is None else int(value)
-
-
-def _optional_cache(text: str) -> str | None:
-    value = _optional_string(text)
-    if value is None or value.lower() in ("false", "0"):
-        return None
-    if value.lower() in ("true", "1"):  # the release's bare --cache means RAM
-        return "ram"
-    return _choice(CACHE_MODES)(value)
-
-
-def _add(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
-    """Register `--a-b` together with its `--a_b` spelling."""
-    flags = [f"--{name}"]
-    if "-" in name:
-        flags.append(f"--{name.replace('-', '_')}")
-    parser.add_argument(*flags, dest=name.replace("-", "_"), **kwargs)
+    optional_value.__name__ = getattr(convert, "__name__", "value")
+    return optional_value
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every TrainConfig option to `parser` (defaults stay None so the dataclass owns them)."""
-    flag = {"type": parse_bool, "nargs": "?", "const": True, "default": None, "metavar": "BOOL"}
-    _add(parser, "data", type=_optional_string, help="data.yaml (default: the embedded synthetic dataset)")
-    _add(parser, "cfg", type=_string, help="model config name (yolov5n/s/m/l/x) or YAML path")
-    _add(parser, "weights", type=_optional_string, help="initial weights (ours or the release's .pt)")
-    _add(parser, "hyp", type=_string, help="hyperparameters: scratch-low, scratch-high or a YAML path")
-    parser.add_argument(
-        "--hyp-override",
-        "--hyp_override",
-        "--hyp-overrides",
-        "--hyp_overrides",
-        dest="hyp_overrides",
-        type=parse_overrides,
-        help="key=value,... replacing hyperparameters",
-    )
-    _add(parser, "epochs", type=int)
-    _add(parser, "batch-size", type=_optional_int, help="GLOBAL batch over all ranks (default 16)")
-    _add(parser, "batch-per-gpu", type=_optional_int, help="batch per rank (alternative to --batch-size)")
-    parser.add_argument(
-        "--imgsz", "--img-size", "--img_size", "--img", dest="imgsz", type=int, help="image size"
-    )
-    _add(parser, "workers", type=int, help="max DataLoader workers per rank")
-    _add(parser, "optimizer", type=_choice(OPTIMIZERS))
-    _add(parser, "cos-lr", help="cosine learning-rate decay", **flag)
-    _add(parser, "label-smoothing", type=float)
-    _add(parser, "patience", type=int, help="early-stopping patience in epochs (0 = off)")
-    _add(parser, "freeze", type=_int_list, help="freeze the first N layers, or a list of layer indices")
-    _add(parser, "seed", type=int)
-    _add(parser, "rect", help="rectangular training batches", **flag)
-    _add(parser, "multi-scale", help="vary image size +/-50%% per batch", **flag)
-    _add(parser, "sync-bn", help="SyncBatchNorm under DDP", **flag)
-    _add(parser, "cache", type=_optional_cache, nargs="?", const="ram", help="cache decoded images in RAM")
-    _add(
-        parser,
-        "max-image-pixels",
-        type=int,
-        help=f"skip images whose header claims more pixels (default {DEFAULT_MAX_PIXELS:,} = 2^27: a decoded "
-        "image of 384 MiB per loader worker; OpenCV's own limit 2^30 fails with an error)",
-    )
-    _add(parser, "amp", type=_choice(AMP_MODES), help="mixed precision: auto, fp16, bf16, off")
-    _add(parser, "backend", type=_choice(BACKENDS), help="auto, smddp, nccl, gloo")
-    _add(parser, "channels-last", help="channels_last memory format", **flag)
-    _add(parser, "compile", help="torch.compile the model", **flag)
-    _add(parser, "log-every", type=int, help="metric line every N steps")
-    for name in ("model-dir", "output-dir", "checkpoint-dir", "tensorboard-dir"):
-        _add(parser, name, type=_optional_string)
-    _add(
-        parser,
-        "cache-dir",
-        type=_optional_string,
-        help="label caches and the embedded dataset (default $XDG_CACHE_HOME/yolov5-smddp, else "
-        "~/.cache/yolov5-smddp; on SageMaker the warm-pool cache or /tmp/yolov5-smddp-cache); "
-        "nothing is ever written under a dataset",
-    )
-    _add(parser, "run-name", type=_optional_string, help="MLflow run name (SageMaker: the job name)")
-    _add(parser, "dist-timeout", type=float, help="collective timeout in seconds")
-    _add(parser, "val-conf", type=float)
-    _add(parser, "val-iou", type=float)
-    _add(parser, "max-det", type=int)
-    _add(parser, "noval", help="validate only after the final epoch", **flag)
-    _add(parser, "max-nonfinite-steps", type=int, help="stop after N consecutive non-finite steps")
-    _add(parser, "inject-nonfinite-step", type=_optional_int, help=argparse.SUPPRESS)
+    """Add every TrainConfig field as an option, derived from the field, its type and `option(...)`
+    (defaults stay None so the dataclass owns them)."""
+    hints = get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        cli = dict(f.metadata["cli"])
+        parse, flags = cli.pop("parse"), cli.pop("flags")
+        if not flags:
+            dashed = f.name.replace("_", "-")
+            flags = (f"--{dashed}",) if dashed == f.name else (f"--{dashed}", f"--{f.name}")
+        if hints[f.name] is bool and parse is None:
+            kwargs = {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+        else:
+            kwargs = {"type": parse or _value_parser(hints[f.name])}
+        parser.add_argument(*flags, dest=f.name, default=None, **kwargs, **cli)
 
 
 def config_from_namespace(namespace: argparse.Namespace) -> TrainConfig:
@@ -474,23 +550,34 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
     return config_from_namespace(parser.parse_args(list(argv)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class OutputDirs:
+    """The folders one training run writes to (see TrainConfig for what goes where)."""
+
+    model_dir: Path
+    output_dir: Path
+    checkpoint_dir: Path
+    cache_dir: Path
+    tensorboard_dir: Path | None = None
+
+
 def resolve_output_dirs(
     config: TrainConfig, cwd: Path, environ: Mapping[str, str] | None = None, home: Path | None = None
-) -> dict[str, Path]:
+) -> OutputDirs:
     """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`; the cache folder
     defaults to the user's (`data.cache.default_cache_dir` of `environ`, default os.environ, and `home`)."""
     from yolov5_smddp.data.cache import default_cache_dir
 
     base = cwd / "runs" / "train"
-    defaults = {
-        "model_dir": base / "model",
-        "output_dir": base / "output",
-        "checkpoint_dir": base / "checkpoints",
-        "cache_dir": default_cache_dir(os.environ if environ is None else environ, home or Path.home()),
-    }
-    out = {
-        key: Path(getattr(config, key)) if getattr(config, key) else path for key, path in defaults.items()
-    }
-    if config.tensorboard_dir:
-        out["tensorboard_dir"] = Path(config.tensorboard_dir)
-    return out
+    cache = default_cache_dir(os.environ if environ is None else environ, home or Path.home())
+
+    def given_or(value: str | None, default: Path) -> Path:
+        return Path(value) if value else default
+
+    return OutputDirs(
+        model_dir=given_or(config.model_dir, base / "model"),
+        output_dir=given_or(config.output_dir, base / "output"),
+        checkpoint_dir=given_or(config.checkpoint_dir, base / "checkpoints"),
+        cache_dir=given_or(config.cache_dir, cache),
+        tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
+    )

@@ -14,14 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from yolov5_smddp.dlc import SMDDP_DLCS
 from yolov5_smddp.errors import ConfigError
 
 SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
-SMDDP_IMAGES = (
-    "the SageMaker PyTorch GPU DLCs 2.5.1 (pytorch-training:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker), "
-    "2.4.0 (2.4.0-gpu-py311-cu124-ubuntu22.04-sagemaker) and 2.3.0 (2.3.0-gpu-py311-cu121-ubuntu20.04-sagemaker); "
-    "no DLC from 2.6 on ships it"
-)
 DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
 
 
@@ -47,6 +43,16 @@ class DistInfo:
     def distributed(self) -> bool:
         return self.launcher != "none"
 
+    @property
+    def prefer_smddp(self) -> bool:
+        """Started by mpirun (SageMaker's SMDDP distribution): backend auto means smddp when it imports."""
+        return self.launcher == "mpirun"
+
+    @property
+    def nnodes(self) -> int:
+        """Hosts in the job (homogeneous: every host runs `local_world_size` ranks)."""
+        return max(self.world_size // max(self.local_world_size, 1), 1)
+
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
     value = environ.get(name)
@@ -61,13 +67,27 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
 
 
 def detect_dist_info(
-    environ: Mapping[str, str], default_master: Callable[[], str | None] | str | None = None
+    environ: Mapping[str, str],
+    default_master: Callable[[], str | None] | str | None = None,
+    *,
+    hosts_in_job: int | None = None,
 ) -> DistInfo:
-    """Read rank and world from torchrun's variables, else Open MPI's, else a single process.
+    """Where this process sits: torchrun's variables, else Open MPI's, else a single process. The one
+    reader of RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK / OMPI_* / MASTER_ADDR / MASTER_PORT.
 
-    Under mpirun (SageMaker's SMDDP launcher) MASTER_ADDR may be absent in a rank: `default_master`
-    (a host name, or a callable returning one, e.g. the first SageMaker host) supplies it; the caller
-    owns where that comes from, this module never reads /opt/ml.
+    Open MPI exports OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; its OMPI_COMM_WORLD_NODE_RANK is a
+    per-node rank across all jobs, not a node index. mpirun (the SageMaker toolkit's `--host algo-1:N,...`)
+    places ranks host by host, N per host, so the node index is rank // local size and the host count
+    size // local size (homogeneous hosts, as SageMaker jobs are).
+
+    `hosts_in_job` (the caller's count of the job's hosts, e.g. SageMaker's) replaces Open MPI's local size
+    under mpirun: the SageMaker toolkit's mpirun forwards its own environment and, in the local stand-in,
+    Open MPI counts both ranks of a 2 x 1 job as local (LOCAL_SIZE=2, LOCAL_RANK=1 on algo-2), so
+    local size = size // hosts and local rank = rank % local size there.
+
+    MASTER_ADDR may be absent (mpirun ranks, or no launcher at all): `default_master` (a host name, or a
+    callable returning one, e.g. the first SageMaker host) supplies it; the caller owns where that comes
+    from, this module never reads /opt/ml.
     """
     if "RANK" in environ and "WORLD_SIZE" in environ:
         rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
@@ -79,12 +99,13 @@ def detect_dist_info(
         rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
         local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
         local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        node_rank = rank // max(
-            local_world, 1
-        )  # OMPI_COMM_WORLD_NODE_RANK is a per-node rank, not a node index
+        if hosts_in_job and world % hosts_in_job == 0:
+            local_world = world // hosts_in_job
+            local_rank = rank % local_world
+        node_rank = rank // max(local_world, 1)
         launcher = "mpirun"
     else:
-        return DistInfo(0, 0, 1, 1, 0, "127.0.0.1", DEFAULT_MASTER_PORT, "none")
+        rank, world, local_rank, local_world, node_rank, launcher = 0, 1, 0, 1, 0, "none"
     if not (0 <= rank < world and 0 <= local_rank < local_world):
         raise ConfigError(
             f"inconsistent {launcher} environment: rank {rank}/{world}, local rank {local_rank}/{local_world}"
@@ -99,6 +120,8 @@ def detect_dist_info(
             )
         master = "127.0.0.1"
     port = _int(environ, "MASTER_PORT", DEFAULT_MASTER_PORT)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"environment variable MASTER_PORT={port} must be a port number (1..65535)")
     agent_store = launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     use_libuv = environ.get("USE_LIBUV", "1") == "1"
     return DistInfo(
@@ -115,22 +138,37 @@ def smddp_importable() -> bool:
     return True
 
 
-def choose_backend(requested: str, cuda_available: bool, smddp_available: bool) -> str:
-    """auto → smddp when SMDDP imports and CUDA is present, else nccl on CUDA, else gloo."""
+def resolve(
+    requested: str,
+    cuda_available: bool,
+    smddp_available: bool | Callable[[], bool],
+    *,
+    prefer_smddp: bool = False,
+) -> tuple[str, str]:
+    """The one decision of backend and device type: (backend, "cuda" | "cpu").
+
+    auto → smddp when SMDDP imports and CUDA is present, else nccl on CUDA, else gloo; under mpirun
+    (`prefer_smddp`: SageMaker's SMDDP distribution) auto → smddp whenever SMDDP imports (the CPU stand-in
+    too). The device is CUDA for nccl/smddp on a CUDA machine, else the CPU. `smddp_available` may be a
+    callable (e.g. `smddp_importable`): it is called only when the answer matters.
+    """
+    if requested not in ("auto", "smddp", "nccl", "gloo"):
+        raise ConfigError(f"--backend={requested!r} must be one of auto, smddp, nccl, gloo")
+    wants_smddp = requested == "smddp" or (requested == "auto" and (cuda_available or prefer_smddp))
+    smddp = (smddp_available() if callable(smddp_available) else smddp_available) if wants_smddp else False
     if requested == "auto":
-        if cuda_available:
-            return "smddp" if smddp_available else "nccl"
-        return "gloo"
-    if requested == "smddp" and not smddp_available:
+        backend = "smddp" if smddp else "nccl" if cuda_available else "gloo"
+    elif requested == "smddp" and not smddp:
         raise ConfigError(
             f"--backend smddp: the SMDDP library ({SMDDP_MODULE}) is not installed in this image. "
-            f"It ships only in {SMDDP_IMAGES}. Use --backend nccl (or auto) on other images."
+            f"It ships only in {SMDDP_DLCS}. Use --backend nccl (or auto) on other images."
         )
-    if requested == "nccl" and not cuda_available:
+    elif requested == "nccl" and not cuda_available:
         raise ConfigError("--backend nccl needs CUDA GPUs; none is visible here (use gloo or auto)")
-    if requested not in ("smddp", "nccl", "gloo"):
-        raise ConfigError(f"--backend={requested!r} must be one of auto, smddp, nccl, gloo")
-    return requested
+    else:
+        backend = requested
+    device_type = "cuda" if cuda_available and backend in ("nccl", "smddp") else "cpu"
+    return backend, device_type
 
 
 # ------------------------------------------------------------------------------------- process state
@@ -138,16 +176,16 @@ def choose_backend(requested: str, cuda_available: bool, smddp_available: bool) 
 _state: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None, "device": None}
 
 
-def init(info: DistInfo, backend: str, timeout_s: float) -> Any:
+def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> Any:
     """Select the device and, when launched by torchrun/mpirun, join the default process group.
 
-    Returns the torch.device for this rank: cuda:local_rank for nccl/smddp on a CUDA machine, else CPU
-    (the smddp test stand-in runs on CPU).
+    `backend` and `device_type` come from `resolve`. Returns the torch.device for this rank:
+    cuda:local_rank for "cuda", else the CPU (the smddp test stand-in runs on CPU).
     """
     import torch
     import torch.distributed as dist
 
-    if backend in ("nccl", "smddp") and torch.cuda.is_available():
+    if device_type == "cuda":
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     else:
@@ -234,3 +272,64 @@ def destroy() -> None:
 
         dist.destroy_process_group()
     _state.update(rank=0, world_size=1, backend=None, device=None)
+
+
+# ------------------------------------------------------------------------------- sharded validation
+
+
+def all_gather_rows(tensor: Any) -> list[Any]:
+    """Every rank's `tensor` [n_r, ...] (n_r may differ between ranks; the other dimensions and the dtype
+    may not), in rank order, on every rank, on the CPU.
+
+    Two all_gathers on the default group (what SMDDP supports): the row counts, then the tensors zero-padded
+    to the longest. Runs on this rank's device (CUDA for nccl/smddp). Not initialized → [tensor].
+    """
+    if not is_initialized():
+        return [tensor.cpu()]
+    import torch
+    import torch.distributed as dist
+
+    device = _state["device"] or torch.device("cpu")
+    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(count) for _ in range(world_size())]
+    dist.all_gather(counts, count)
+    sizes = [int(c.item()) for c in counts]
+    padded = torch.zeros((max(sizes), *tensor.shape[1:]), dtype=tensor.dtype, device=device)
+    padded[: tensor.shape[0]] = tensor.to(device)
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    return [g[:n].cpu() for g, n in zip(gathered, sizes)]
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any rank (one all_reduce; plain `flag` when alone)."""
+    if not is_initialized():
+        return flag
+    import torch
+
+    value = torch.tensor([1.0 if flag else 0.0], device=_state["device"] or torch.device("cpu"))
+    return bool(all_reduce_sum(value).item() > 0)
+
+
+def broadcast_module(module: Any, src: int = 0) -> Any:
+    """Copy rank `src`'s parameters and buffers into `module` on every rank, in place (module on this
+    rank's device; same architecture everywhere). Returns the module."""
+    if not is_initialized():
+        return module
+    import torch.distributed as dist
+
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=src)
+    return module
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's picklable `obj`, in rank order, on every rank (trusted: our own ranks' objects).
+    torch's all_gather_object: an all_gather of the sizes, then of the padded bytes. Alone → [obj]."""
+    if not is_initialized():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -24,7 +24,13 @@ from yolov5_smddp import distributed
 from yolov5_smddp.boxes import scale_boxes, xywh_to_xyxy
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.errors import ConfigError, UserError
-from yolov5_smddp.metrics import DetectionMetrics, MetricAccumulator
+from yolov5_smddp.metrics import (
+    DetectionMetrics,
+    MetricAccumulator,
+    metrics_from_state,
+    pack_state,
+    unpack_states,
+)
 from yolov5_smddp.postprocess import non_max_suppression
 from yolov5_smddp.telemetry import Throughput, emit, metric_line
 
@@ -335,21 +341,29 @@ def evaluate(
     max_det: int = 300,
     on_image: Callable[[str, torch.Tensor], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    gather: bool = False,
 ) -> DetectionMetrics | None:
     """Validate `model` (unwrapped; e.g. the EMA) on `loader` batches (imgs uint8, targets [n, 6], paths,
     shapes). Detections and ground truth are matched in ORIGINAL image pixels (detections clipped to the
     image, as COCO-format results are), so the numbers equal pycocotools' on the same detections.
     `on_image(path, detections [n, 6] (x1, y1, x2, y2 original pixels, score, class))` sees every image.
     Returns None when `should_stop()` turns true (SIGTERM: the checkpoint matters more than the numbers).
+
+    Sharded (`gather=True` in a process group): EVERY rank calls this with its own shard of whole batches
+    (`data.loader.build_val_loader`); the per-image match results are gathered (all_gather, in rank order)
+    and rank 0 returns the metrics — identical to one process validating everything — while the other
+    ranks return None. A stop on any rank returns None on all of them (after one agreed all_reduce, so
+    no rank is left waiting in the gather).
     """
     model = unwrap(model)
     was_training = model.training
     model.eval()
     acc = MetricAccumulator()
+    stopped = False
     for imgs, targets, paths, shapes in loader:
         if should_stop is not None and should_stop():
-            model.train(was_training)
-            return None
+            stopped = True
+            break
         x = prepare_images(imgs, device, channels_last=False)
         with amp.autocast():
             pred, _raw = model(x)
@@ -372,4 +386,21 @@ def evaluate(
             if on_image is not None:
                 on_image(paths[i], dets)
     model.train(was_training)
-    return acc.compute()
+    if gather and distributed.is_initialized():
+        return _gathered_metrics(acc, stopped, device)
+    return None if stopped else acc.compute()
+
+
+def _gathered_metrics(acc: MetricAccumulator, stopped: bool, device: torch.device) -> DetectionMetrics | None:
+    """Sharded validation's end: agree on a stop and count the images (one all_reduce), gather every
+    rank's match results in rank order (all_gather), compute the metrics on rank 0."""
+    totals = torch.tensor([float(stopped), float(acc.num_images)], dtype=torch.float32, device=device)
+    stop_votes, num_images = distributed.all_reduce_sum(totals).tolist()
+    if stop_votes > 0:
+        return None
+    predictions, targets = pack_state(acc.state())
+    all_predictions = distributed.all_gather_rows(predictions)
+    all_targets = distributed.all_gather_rows(targets)
+    if not distributed.is_main():
+        return None
+    return metrics_from_state(unpack_states(all_predictions, all_targets), int(num_images))

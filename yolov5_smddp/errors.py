@@ -2,6 +2,10 @@
 say why it is wrong and what to do. The CLI and the SageMaker boundary print them without a traceback
 (the traceback still goes to the log at debug level) and turn them into a non-zero exit."""
 
+EXIT_INTERRUPTED = 143
+"""128 + SIGTERM: the run wrote its checkpoint and stopped; the same command resumes it. The trainer
+returns it; the elastic launcher and the SageMaker driver pass it on."""
+
 
 class UserError(Exception):
     """Bad input from the user (a file, a value, a dataset, a checkpoint)."""

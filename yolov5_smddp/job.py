@@ -25,6 +25,7 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from yolov5_smddp import dlc
 from yolov5_smddp.config import check_hyp_value, parse_overrides, parse_train_args
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.hyp_options import hyp_key
@@ -32,8 +33,6 @@ from yolov5_smddp.hyp_options import hyp_key
 DISTRIBUTIONS = ("smddp", "torchrun", "none")
 SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
 DEFAULT_REGION = "us-west-2"
-DLC_ACCOUNT = "763104351884"
-DEFAULT_DLC_TAG = "2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 MODEL_DIR = "/opt/ml/model"
 CHECKPOINT_URI_SCHEMES = ("s3://", "https://")
@@ -79,9 +78,9 @@ class JobSpec:
     uploads it and runs it under torchrun. None: SDK v2 uploads `entry_point` alone."""
 
 
-def dlc_image_uri(region: str = DEFAULT_REGION, tag: str = DEFAULT_DLC_TAG) -> str:
+def dlc_image_uri(region: str = DEFAULT_REGION, tag: str = dlc.DLC_TAG) -> str:
     """The AWS PyTorch training DLC for `region` (the default base of our image)."""
-    return f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/pytorch-training:{tag}"
+    return dlc.dlc_image_uri(region, tag)
 
 
 def distribution_config(distribution: str, instance_type: str) -> dict | None:
@@ -325,7 +324,7 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
 
 OBJECTIVE_METRIC = "val:mAP50-95"
 """The tuning objective: our metric lines' `mAP50-95=` (telemetry.METRIC_DEFINITIONS). AMT takes the LAST
-value a job prints (API FinalHyperParameterTuningJobObjectiveMetric), i.e. the final epoch's validation."""
+value a job prints (API FinalHyperParameterTuningJobObjectiveMetric), i.e. best.pt's re-validation (`final=1`)."""
 OBJECTIVE_TYPES = ("Maximize", "Minimize")
 TUNING_STRATEGIES = ("Bayesian", "Random")
 EARLY_STOPPING_TYPES = ("Off", "Auto")

@@ -1,9 +1,10 @@
 """How the training workers start: a pure decision from the environment, and torch's elastic launcher.
 
-`decide_launch()` picks one of:
+`decide_launch(info, ...)` picks one of (`info`: distributed.detect_dist_info, the one reader of the
+launcher's variables):
 - "torchrun": started by torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) -> this process is one worker.
 - "mpirun":   started by mpirun (OMPI_COMM_WORLD_* set; SageMaker's SMDDP distribution) -> this process
-              is one worker; the backend prefers smddp.
+              is one worker; backend auto prefers smddp (distributed.resolve).
 - "single":   one host and one worker (one GPU, or a CPU host) -> run the worker in this process.
 - "elastic":  SageMaker started one process per host without a distribution -> start `nproc_per_node`
               workers here with torch.distributed.launcher.api.elastic_launch and a static rendezvous that
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.distributed import DistInfo
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
 
-DEFAULT_MASTER_PORT = 7777
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM: the trainer wrote a checkpoint and stopped
 MODES = ("torchrun", "mpirun", "single", "elastic")
 
 
@@ -40,8 +41,6 @@ class LaunchPlan:
     master_port: int
     local_rank: int = 0
     """This process's local rank under torchrun/mpirun (0 otherwise)."""
-    prefer_smddp: bool = False
-    """mpirun (SMDDP distribution): use backend smddp when the library is there."""
 
     @property
     def in_process(self) -> bool:
@@ -65,7 +64,7 @@ def _positive_int(value: str | int | None, what: str) -> int | None:
 
 
 def decide_launch(
-    environ: Mapping[str, str],
+    info: DistInfo,
     *,
     hosts: Sequence[str],
     current_host: str,
@@ -75,44 +74,24 @@ def decide_launch(
 ) -> LaunchPlan:
     """The launch for this process (pure: a function of its arguments only).
 
-    `environ` is read for the launcher's variables only (torchrun's RANK/WORLD_SIZE/LOCAL_RANK/
-    LOCAL_WORLD_SIZE/GROUP_RANK, Open MPI's OMPI_COMM_WORLD_*, MASTER_ADDR/MASTER_PORT).
-    `nproc_per_node` (the `--nproc-per-node` option) overrides one worker per GPU (one on CPU hosts).
-    Raises ConfigError for a non-integer or non-positive count or port, or an unknown host.
+    `info` is `distributed.detect_dist_info(environ, default_master=hosts[0])`: under torchrun or mpirun
+    this process is one worker and `info` says where it sits (node index included); otherwise this host
+    starts its workers. `nproc_per_node` (the `--nproc-per-node` option) overrides one worker per GPU (one on
+    CPU hosts); `master_port` (`--master-port`) overrides MASTER_PORT. Raises ConfigError for a
+    non-integer or non-positive count or port, or an unknown host.
     """
     if current_host not in hosts:
         raise ConfigError(f"current host {current_host!r} is not among the hosts {list(hosts)}")
-    port = (
-        _positive_int(master_port, "--master-port")
-        or _positive_int(environ.get("MASTER_PORT"), "MASTER_PORT")
-        or DEFAULT_MASTER_PORT
-    )
-    master = environ.get("MASTER_ADDR") or hosts[0]
-    node_rank = list(hosts).index(current_host)
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        local_world = int(environ.get("LOCAL_WORLD_SIZE") or environ["WORLD_SIZE"])
-        world = int(environ["WORLD_SIZE"])
+    port = _positive_int(master_port, "--master-port") or info.master_port
+    if info.launcher in ("torchrun", "mpirun"):
         return LaunchPlan(
-            mode="torchrun",
-            nnodes=max(world // max(local_world, 1), 1),
-            nproc_per_node=local_world,
-            node_rank=int(environ.get("GROUP_RANK") or node_rank),
-            master_addr=master,
+            mode=info.launcher,
+            nnodes=info.nnodes,
+            nproc_per_node=info.local_world_size,
+            node_rank=info.node_rank,
+            master_addr=info.master_addr,
             master_port=port,
-            local_rank=int(environ.get("LOCAL_RANK") or 0),
-        )
-    if "OMPI_COMM_WORLD_RANK" in environ:
-        world = int(environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-        local_world = int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or world)
-        return LaunchPlan(
-            mode="mpirun",
-            nnodes=max(world // max(local_world, 1), 1),
-            nproc_per_node=local_world,
-            node_rank=int(environ.get("OMPI_COMM_WORLD_NODE_RANK") or node_rank),
-            master_addr=master,
-            master_port=port,
-            local_rank=int(environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or 0),
-            prefer_smddp=True,
+            local_rank=info.local_rank,
         )
     nproc = _positive_int(nproc_per_node, "--nproc-per-node") or max(num_gpus, 1)
     mode = "single" if len(hosts) == 1 and nproc == 1 else "elastic"
@@ -120,8 +99,8 @@ def decide_launch(
         mode=mode,
         nnodes=len(hosts),
         nproc_per_node=nproc,
-        node_rank=node_rank,
-        master_addr=master,
+        node_rank=list(hosts).index(current_host),
+        master_addr=info.master_addr,
         master_port=port,
     )
 
@@ -160,18 +139,21 @@ class WorkerFailed(RuntimeError):
         self.exitcode = exitcode
 
 
-def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> int:
-    """Start this host's workers and wait for all of them. Returns 0, or EXIT_INTERRUPTED when SIGTERM
-    stopped them (the agent passes it on; the trainer checkpoints); raises WorkerFailed naming the first
-    failed worker."""
+def run_elastic(
+    plan: LaunchPlan, train_args: Sequence[str], *, run_id: str, environ: Mapping[str, str]
+) -> int:
+    """Start this host's workers with the environment `environ` and wait for all of them. Returns 0, or
+    EXIT_INTERRUPTED when SIGTERM stopped them (the agent passes it on; the trainer checkpoints); raises
+    WorkerFailed naming the first failed worker."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _static_store_honours_use_libuv(os.environ)
+    _static_store_honours_use_libuv(environ)
     program, args = worker_command(train_args)
     try:
-        elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
+        with _process_environment(environ):  # torch's agent gives its workers a copy of os.environ
+            elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
     except SignalException:
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
@@ -188,6 +170,19 @@ def run_elastic(plan: LaunchPlan, train_args: Sequence[str], *, run_id: str) -> 
             failure.exitcode,
         ) from exc
     return 0
+
+
+@contextmanager
+def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
+    """os.environ is exactly `environ` inside the block and what it was before after it."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _static_store_honours_use_libuv(environ: Mapping[str, str]) -> None:

@@ -182,3 +182,33 @@ class MetricAccumulator:
         result = ap_per_class(s["correct"], s["conf"], s["pred_cls"], s["target_cls"])
         result.num_images = self.num_images
         return result
+
+
+def pack_state(state: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MetricAccumulator state as two float32 tensors for gathering: predictions [N, T + 2] (the T
+    true-positive flags as 0/1, conf, pred cls) and targets [M, 1] (target cls). Exact: conf is float32
+    already, classes and flags are small integers."""
+    correct = torch.from_numpy(np.ascontiguousarray(state["correct"], dtype=np.float32))
+    conf = torch.from_numpy(np.asarray(state["conf"], dtype=np.float32)).view(-1, 1)
+    pred_cls = torch.from_numpy(np.asarray(state["pred_cls"], dtype=np.float32)).view(-1, 1)
+    targets = torch.from_numpy(np.asarray(state["target_cls"], dtype=np.float32)).view(-1, 1)
+    return torch.cat([correct, conf, pred_cls], 1), targets
+
+
+def unpack_states(predictions: list[torch.Tensor], targets: list[torch.Tensor]) -> dict[str, np.ndarray]:
+    """The inverse of `pack_state` over several parts (ranks), concatenated in the given order."""
+    rows = torch.cat(predictions).numpy() if predictions else np.zeros((0, IOU_THRESHOLDS.numel() + 2))
+    target_cls = torch.cat(targets).numpy().reshape(-1) if targets else np.zeros(0, np.float32)
+    return {
+        "correct": rows[:, :-2] > 0.5,
+        "conf": rows[:, -2].astype(np.float32),
+        "pred_cls": rows[:, -1].astype(np.float32),
+        "target_cls": target_cls.astype(np.float32),
+    }
+
+
+def metrics_from_state(state: dict[str, np.ndarray], num_images: int) -> DetectionMetrics:
+    """DetectionMetrics of a (gathered) MetricAccumulator state over `num_images` images."""
+    result = ap_per_class(state["correct"], state["conf"], state["pred_cls"], state["target_cls"])
+    result.num_images = num_images
+    return result

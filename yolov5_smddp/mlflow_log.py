@@ -3,7 +3,7 @@ metrics, and at the end the plots and best.pt as artefacts.
 
 Active only when MLFLOW_TRACKING_URI is set and `mlflow` imports (`mlflow-skinny` is enough; SageMaker managed
 MLflow takes the tracking server's ARN as the URI and needs the `sagemaker-mlflow` plugin too). The run is
-named after the SageMaker training job (`--run-name`, passed by sagemaker.py), the experiment is
+named after the SageMaker training job (`--run-name`, passed by sagemaker/driver.py), the experiment is
 MLFLOW_EXPERIMENT_NAME or "yolov5-smddp". Tracking never fails or stops training: the first failure is logged
 as ONE warning naming the step, and nothing more is sent for that run.
 """

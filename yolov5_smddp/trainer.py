@@ -1,7 +1,8 @@
 """The training loop, top to bottom: decide (batch split, backend, precision) → data (scanned on every
 rank before the process group exists, so no rank waits in a collective while another scans) → process
-group → model, EMA, optimizer groups → resume → epochs (train, validate on rank 0 with the EMA,
-checkpoint, early stop agreed by broadcast) → final outputs on rank 0.
+group → model, EMA, optimizer groups → resume → epochs (train, validate the EMA — every rank its shard,
+metrics on rank 0 — checkpoint, early stop agreed by broadcast) → best.pt re-validated (its numbers are
+`final`) → final outputs on rank 0.
 
 Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
 `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
@@ -12,6 +13,7 @@ config and hyperparameters), `model_dir/metrics.json` (final metrics and through
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +22,7 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +32,29 @@ from torch import nn
 
 from yolov5_smddp import checkpoint, distributed, mlflow_log
 from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
+from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.ema import ModelEMA, unwrap
-from yolov5_smddp.engine import TrainStep, evaluate, resolve_amp, step_settings, train_one_epoch
-from yolov5_smddp.errors import ConfigError, WeightsError
+from yolov5_smddp.engine import (
+    AmpPolicy,
+    EpochResult,
+    TrainStep,
+    evaluate,
+    resolve_amp,
+    step_settings,
+    train_one_epoch,
+)
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
+from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.metrics import DetectionMetrics
+from yolov5_smddp.models.weights import save_weights
+from yolov5_smddp.models.yolo import build_model, load_model_config
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
+from yolov5_smddp.valshard import split_summary
 
 log = logging.getLogger("yolov5_smddp")
 
 NOMINAL_BATCH = 64
 MIN_WARMUP_ITERS = 100
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM: checkpoint written, run again to resume
 RESULT_COLUMNS = (
     "epoch",
     "box_loss",
@@ -117,6 +130,51 @@ def accumulation(global_batch: int) -> int:
     return max(round(NOMINAL_BATCH / global_batch), 1)
 
 
+def scale_weight_decay(hyp: dict[str, float], global_batch: int, accumulate: int) -> dict[str, float]:
+    """A copy of `hyp` with weight_decay scaled by the images per optimizer step / the nominal 64."""
+    return {**hyp, "weight_decay": hyp["weight_decay"] * global_batch * accumulate / NOMINAL_BATCH}
+
+
+@dataclass
+class TrainingStack:
+    """What the steps of a run need besides the model and the data; the trainer and `bench train` build it
+    with `build_training_stack`, so a benchmark times exactly what training runs."""
+
+    hyp: dict[str, float]
+    """the run's hyperparameters: weight_decay scaled to the global batch (as checkpoints record them)."""
+    accumulate: int
+    criterion: YoloLoss
+    ema: ModelEMA
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+
+
+def build_training_stack(
+    model: nn.Module,
+    hyp: dict[str, float],
+    *,
+    nc: int,
+    imgsz: int,
+    global_batch: int,
+    amp: AmpPolicy,
+    optimizer: str = "SGD",
+    label_smoothing: float = 0.0,
+) -> TrainingStack:
+    """Loss (gains scaled to layers, classes and image size; label smoothing), EMA, optimizer groups (weight
+    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device)."""
+    accumulate = accumulation(global_batch)
+    hyp = scale_weight_decay(hyp, global_batch, accumulate)
+    loss_hyp = {**scale_loss_gains(hyp, model.detect.nl, nc, imgsz), "label_smoothing": label_smoothing}
+    return TrainingStack(
+        hyp=hyp,
+        accumulate=accumulate,
+        criterion=YoloLoss(model, loss_hyp),
+        ema=ModelEMA(model),
+        optimizer=build_optimizer(model, optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"]),
+        scaler=amp.make_scaler(),
+    )
+
+
 def default_dataset(cache_dir: Path) -> Path:
     """The embedded dataset under `cache_dir` (never an output folder: SageMaker would upload it):
     generated once, in a temporary folder renamed into place, so concurrent ranks never see a
@@ -148,11 +206,11 @@ class DataBundle:
 def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     """Resolve data.yaml (or the embedded dataset) and index train and val labels (every rank does this)."""
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.labels import build_label_index, scan_workers
 
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
     data = load_data_config(data_yaml)
-    workers = max(1, min(os.cpu_count() or 1, 16))
+    workers = scan_workers(os.cpu_count() or 1)
     scan = {
         "nc": data.nc,
         "root": data.root,
@@ -166,10 +224,15 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
 
 
 def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: int, info, stride: int):
-    """Train loader for this rank; val loader on rank 0 only (None elsewhere). DataError when the
-    training set cannot fill one batch per rank."""
+    """Train loader for this rank; val loader over this rank's shard of whole val batches (see valshard).
+    DataError when the training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
+    from yolov5_smddp.data.loader import (
+        build_dataloader,
+        build_val_loader,
+        check_batch_fits,
+        num_workers_per_rank,
+    )
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
@@ -194,29 +257,20 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         seed=config.seed,
         drop_last=True,
     )
-    val_loader = None
+    # every rank validates its shard of whole batches
+    val_batch = per_rank * 2
+    val_loader = build_val_loader(
+        bundle.val_index,
+        config.imgsz,
+        batch_size=val_batch,
+        stride=stride,
+        workers=workers,
+        rank=info.rank,
+        world_size=info.world_size,
+        hyp=hyp,
+    )
     if info.rank == 0:
-        val_batch = per_rank * 2
-        val_set = YoloDataset(
-            bundle.val_index,
-            config.imgsz,
-            augment=False,
-            hyp=hyp,
-            rect=True,
-            batch_size=val_batch,
-            stride=stride,
-            pad=0.5,
-        )
-        val_loader = build_dataloader(
-            val_set,
-            batch_size=val_batch,
-            rank=0,
-            world_size=1,
-            workers=workers,
-            shuffle=False,
-            seed=config.seed,
-            drop_last=False,
-        )
+        log.info("val: %s", split_summary(len(val_loader.dataset), val_batch, info.world_size))
     return train_loader, val_loader, workers
 
 
@@ -301,53 +355,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]) -> int:
-    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM."""
-    started = time.perf_counter()
-    main = info.rank == 0
+@dataclass(frozen=True)
+class Decisions:
+    """What a run decides before any work (every config problem fails while deciding)."""
 
-    # -- decisions: every config problem fails here, before any work
+    hyp: dict[str, float]
+    plan: BatchPlan
+    backend: str
+    device_type: str
+    amp: AmpPolicy
+
+
+def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
+    """Hyperparameters, batch split, backend/device and precision; a bad --cfg/--weights fails here too."""
     hyp = load_hyp(config.hyp, config.hyp_overrides)
+    if info.rank == 0:
+        for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
+            log.warning("%s", warning)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
-    wants_smddp = config.backend == "smddp" or (config.backend == "auto" and cuda)
-    backend = distributed.choose_backend(
-        config.backend, cuda, distributed.smddp_importable() if wants_smddp else False
+    backend, device_type = distributed.resolve(
+        config.backend, cuda, distributed.smddp_importable, prefer_smddp=info.prefer_smddp
     )
-    device_type = "cuda" if cuda and backend in ("nccl", "smddp") else "cpu"
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
-    from yolov5_smddp.models.yolo import load_model_config
-
     load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
     if config.weights and not Path(config.weights).is_file():
         raise ConfigError(f"--weights {config.weights}: no such file")
-    accumulate = accumulation(plan.global_batch)
-    hyp["weight_decay"] *= plan.global_batch * accumulate / NOMINAL_BATCH
+    return Decisions(hyp, plan, backend, device_type, amp)
 
-    # -- data: scanned on every rank BEFORE the process group exists
-    bundle = scan_data(config, dirs["cache_dir"])
 
-    # -- process group and device
-    device = distributed.init(info, backend, config.dist_timeout)
-    seed_everything(config.seed + info.rank)
-    if main:
-        log.info(
-            "backend=%s world_size=%d global_batch=%d per_rank=%d accumulate=%d amp=%s device=%s",
-            backend,
-            info.world_size,
-            plan.global_batch,
-            plan.per_rank,
-            accumulate,
-            amp.mode,
-            device,
-        )
-
-    # -- model, loss, EMA, optimizer
-    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
-    from yolov5_smddp.models.yolo import build_model
-
+def build_detection_model(config: TrainConfig, bundle: DataBundle, device: torch.device) -> nn.Module:
+    """The model for the dataset's classes: initial weights, frozen layers, on `device`."""
     model = build_model(config.cfg, nc=bundle.nc)
     model.names = bundle.names
     if config.weights:
@@ -356,280 +396,400 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: dict[str, Path]
     model.to(device)
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
-    nl = model.detect.nl
-    loss_hyp = {
-        **scale_loss_gains(hyp, nl, bundle.nc, config.imgsz),
-        "label_smoothing": config.label_smoothing,
-    }
-    criterion = YoloLoss(model, loss_hyp)
-    ema = ModelEMA(model)
-    optimizer = build_optimizer(model, config.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    scaler = amp.make_scaler()
+    return model
 
-    # -- resume from checkpoint_dir/last.pt
-    start_epoch, iteration, last_opt, best_fitness, stale, history = 0, 0, -1, -1.0, 0, []
-    resumable = checkpoint.find_resumable(dirs["checkpoint_dir"])
+
+@dataclass
+class Run:
+    """The fixed parts of a run on this rank: what a checkpoint holds besides the RunState."""
+
+    config: TrainConfig
+    info: distributed.DistInfo
+    dirs: OutputDirs
+    plan: BatchPlan
+    amp: AmpPolicy
+    device: torch.device
+    model: nn.Module
+    stack: TrainingStack
+    warmup_iters: int = MIN_WARMUP_ITERS
+    """set once the train loader's length is known."""
+
+    @property
+    def main(self) -> bool:
+        return self.info.rank == 0
+
+    @property
+    def hyp(self) -> dict[str, float]:
+        return self.stack.hyp
+
+    def settings_for(self, epoch: int):
+        """Learning rates and momentum per micro-step of `epoch` (warmup, then the decay)."""
+        return lambda it: step_settings(
+            it,
+            epoch,
+            epochs=self.config.epochs,
+            warmup_iters=self.warmup_iters,
+            hyp=self.hyp,
+            cosine=self.config.cos_lr,
+            nominal_accumulate=self.stack.accumulate,
+        )
+
+    def checkpoint(self, state: checkpoint.RunState) -> dict[str, Any]:
+        return {
+            "model": unwrap(self.model).state_dict(),
+            "ema": self.stack.ema.state_dict(),
+            "optimizer": self.stack.optimizer.state_dict(),
+            "scaler": self.stack.scaler.state_dict(),
+            "schedule": {
+                "kind": "cosine" if self.config.cos_lr else "linear",
+                "warmup_iters": self.warmup_iters,
+                "accumulate": self.stack.accumulate,
+            },
+            **state.to_checkpoint(),
+            "rng": checkpoint.capture_rng_state(),
+            "config": self.config.to_dict(),
+            "hyp": self.hyp,
+            "world_size": self.info.world_size,
+            "global_batch": self.plan.global_batch,
+        }
+
+    def save(self, state: checkpoint.RunState, *, best: bool = False) -> None:
+        checkpoint.save_checkpoint(self.dirs.checkpoint_dir, self.checkpoint(state), best=best)
+
+
+def resume(run: Run) -> checkpoint.RunState:
+    """The run state of checkpoint_dir/last.pt (model, EMA, optimizer and scaler loaded), else a new one;
+    every rank must resume from the same point."""
+    state = checkpoint.RunState()
+    resumable = checkpoint.find_resumable(run.dirs.checkpoint_dir)
     if resumable is not None:
-        state = checkpoint.load_checkpoint(resumable)
+        saved = checkpoint.load_checkpoint(resumable)
         try:
-            model.load_state_dict(state["model"])
-            ema.load_state_dict(state["ema"])
-            optimizer.load_state_dict(state["optimizer"])
+            run.model.load_state_dict(saved["model"])
+            run.stack.ema.load_state_dict(saved["ema"])
+            run.stack.optimizer.load_state_dict(saved["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
             raise WeightsError(
                 f"checkpoint {resumable} does not fit this model/optimizer ({exc}); "
                 f"use another --checkpoint-dir or delete it"
             ) from exc
-        scaler.load_state_dict(state["scaler"])
-        start_epoch, iteration = int(state["epoch"]), int(state["iteration"])
-        last_opt = iteration - 1
-        best_fitness, stale, history = (
-            float(state["best_fitness"]),
-            int(state["stale_epochs"]),
-            list(state["history"]),
-        )
-        if main and state.get("rng") is not None:
-            checkpoint.restore_rng_state(state["rng"])
-        if main:
+        run.stack.scaler.load_state_dict(saved["scaler"])
+        state = checkpoint.RunState.from_checkpoint(saved)
+        if run.main and saved.get("rng") is not None:
+            checkpoint.restore_rng_state(saved["rng"])
+        if run.main:
             log.info(
                 "resuming from %s at epoch %d (iteration %d, trained on %d rank(s), now %d)",
                 resumable,
-                start_epoch + 1,
-                iteration,
-                int(state["world_size"]),
-                info.world_size,
+                state.epoch + 1,
+                state.iteration,
+                int(saved["world_size"]),
+                run.info.world_size,
             )
-
-    # every rank must resume from the same point (a checkpoint folder that is not shared or synced to
-    # every node would silently desynchronise optimizer states)
-    agreed = distributed.broadcast_object((start_epoch, iteration))
-    if tuple(agreed) != (start_epoch, iteration):
+    # a checkpoint folder that is not shared or synced to every node would silently desynchronise
+    # optimizer states
+    agreed = distributed.broadcast_object((state.epoch, state.iteration))
+    if tuple(agreed) != (state.epoch, state.iteration):
         raise WeightsError(
-            f"rank {info.rank} would resume at epoch {start_epoch + 1} but rank 0 at epoch {agreed[0] + 1}: "
-            f"--checkpoint-dir {dirs['checkpoint_dir']} must hold the same last.pt on every node"
+            f"rank {run.info.rank} would resume at epoch {state.epoch + 1} but rank 0 at epoch {agreed[0] + 1}: "
+            f"--checkpoint-dir {run.dirs.checkpoint_dir} must hold the same last.pt on every node"
         )
-    if config.sync_bn and info.world_size > 1 and device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    net: nn.Module = model
+    return state
+
+
+def build_step(run: Run) -> TrainStep:
+    """SyncBatchNorm, DDP and torch.compile around the model, and the engine's step."""
+    config, info = run.config, run.info
+    if config.sync_bn and info.world_size > 1 and run.device.type == "cuda":
+        run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)
+    net: nn.Module = run.model
     if info.distributed:
-        net = wrap_ddp(model, device)
+        net = wrap_ddp(run.model, run.device)
     if config.compile:
         net = torch.compile(net)
-    step = TrainStep(
+    return TrainStep(
         net,
-        criterion,
-        optimizer,
-        scaler,
-        ema,
-        amp,
-        device,
+        run.stack.criterion,
+        run.stack.optimizer,
+        run.stack.scaler,
+        run.stack.ema,
+        run.amp,
+        run.device,
         loss_multiplier=float(info.world_size) if info.distributed else 1.0,
         channels_last=config.channels_last,
         inject_nonfinite_step=config.inject_nonfinite_step,
     )
 
-    train_loader, val_loader, workers = build_loaders(
-        config, bundle, hyp, plan.per_rank, info, int(model.stride.max())
+
+def end_epoch(
+    run: Run,
+    state: checkpoint.RunState,
+    result: EpochResult,
+    metrics: DetectionMetrics | None,
+    seconds: float,
+    board,
+    tracking: mlflow_log.MlflowRun | None = None,
+) -> None:
+    """Rank 0 after epoch `state.epoch` (1-based: the epoch just finished): fitness and early-stop count,
+    the results row, the metric line, the checkpoint (best too when it improved), results.csv, TensorBoard,
+    MLflow."""
+    improved = metrics is not None and metrics.fitness > state.best_fitness
+    if improved:
+        state.best_fitness, state.stale_epochs = metrics.fitness, 0
+    elif metrics is not None:
+        state.stale_epochs += 1
+    lrs = {g["name"]: g["lr"] for g in run.stack.optimizer.param_groups}
+    row = {
+        "epoch": state.epoch,
+        "box_loss": result.losses[0],
+        "obj_loss": result.losses[1],
+        "cls_loss": result.losses[2],
+        "lr_bias": lrs["bias"],
+        "lr_weight": lrs["weight"],
+        "lr_norm": lrs["norm"],
+        "samples_per_sec": result.throughput["samples_per_sec"],
+        "data_wait": result.throughput["data_wait"],
+        "epoch_seconds": seconds,
+    }
+    if metrics is not None:
+        row.update(metrics.to_dict())
+    state.history.append(row)
+    emit(
+        metric_line(
+            epoch=state.epoch,
+            epochs=run.config.epochs,
+            **{k: v for k, v in row.items() if k != "epoch"},
+            samples_per_sec_per_gpu=result.throughput["samples_per_sec_per_gpu"],
+            peak_mem_gb=peak_memory_gb(run.device),
+        ),
+        main=True,
     )
-    batches = len(train_loader)
-    warmup_iters = max(round(hyp["warmup_epochs"] * batches), MIN_WARMUP_ITERS)
-    if main:
-        log.info(
-            "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",
-            len(bundle.train_index.images),
-            batches,
-            len(bundle.val_index.images),
-            workers,
-            warmup_iters,
-        )
+    run.save(state, best=improved)
+    write_results_csv(run.dirs.output_dir / "results.csv", state.history)
+    if board is not None:
+        for key, value in row.items():
+            board.add_scalar(key, value, state.epoch)
+        board.flush()
+    if tracking is not None:
+        tracking.log_epoch(state.epoch, row)
 
-    def settings_for(epoch: int):
-        return lambda it: step_settings(
-            it,
-            epoch,
-            epochs=config.epochs,
-            warmup_iters=warmup_iters,
-            hyp=hyp,
-            cosine=config.cos_lr,
-            nominal_accumulate=accumulate,
-        )
 
-    def checkpoint_state(next_epoch: int, next_iteration: int) -> dict[str, Any]:
-        return {
-            "model": unwrap(model).state_dict(),
-            "ema": ema.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "schedule": {
-                "kind": "cosine" if config.cos_lr else "linear",
-                "warmup_iters": warmup_iters,
-                "accumulate": accumulate,
-            },
-            "epoch": next_epoch,
-            "iteration": next_iteration,
-            "best_fitness": best_fitness,
-            "stale_epochs": stale,
-            "history": history,
-            "rng": checkpoint.capture_rng_state(),
-            "config": config.to_dict(),
-            "hyp": hyp,
-            "world_size": info.world_size,
-            "global_batch": plan.global_batch,
-        }
-
-    # -- the epochs
+@dataclass
+class EpochsOutcome:
+    interrupted: bool = False
     final_metrics: DetectionMetrics | None = None
-    throughputs: list[dict[str, float]] = []
-    interrupted = False
-    board = open_tensorboard(dirs.get("tensorboard_dir")) if main else None
-    tracking = mlflow_log.start({**config.to_dict(), "hyp": hyp}, run_name=config.run_name) if main else None
+    throughputs: list[dict[str, float]] = field(default_factory=list)
+
+
+def run_epochs(
+    run: Run,
+    state: checkpoint.RunState,
+    step: TrainStep,
+    train_loader,
+    val_loader,
+    tracking: mlflow_log.MlflowRun | None = None,
+) -> EpochsOutcome:
+    """The epochs from `state.epoch`: train, validate on rank 0 with the EMA, end the epoch, stop early
+    or on SIGTERM (rank 0 decides for every rank)."""
+    config, main = run.config, run.main
+    outcome = EpochsOutcome()
+    board = open_tensorboard(run.dirs.tensorboard_dir) if main else None
     with _StopOnSigterm() as stop:
-        for epoch in range(start_epoch, config.epochs):
+        for epoch in range(state.epoch, config.epochs):
             epoch_started = time.perf_counter()
             train_loader.sampler.set_epoch(epoch)
-            epoch_first_iteration = iteration
+            first_iteration = state.iteration
             result = train_one_epoch(
                 step,
                 train_loader,
                 epoch=epoch,
-                first_iteration=iteration,
-                last_optimizer_iteration=last_opt,
-                settings_for=settings_for(epoch),
+                first_iteration=state.iteration,
+                last_optimizer_iteration=state.last_optimizer_iteration,
+                settings_for=run.settings_for(epoch),
                 log_every=config.log_every,
                 max_nonfinite_steps=config.max_nonfinite_steps,
                 imgsz=config.imgsz,
                 multi_scale=config.multi_scale,
                 stop_requested=lambda: stop.requested,
                 main=main,
-                world_size=info.world_size,
+                world_size=run.info.world_size,
             )
-            iteration, last_opt = iteration + result.iterations, result.last_optimizer_iteration
+            state.iteration += result.iterations
+            state.last_optimizer_iteration = result.last_optimizer_iteration
             if result.stopped:
                 # restart this epoch on resume (same learning rates as an uninterrupted run)
                 if main:
-                    checkpoint.save_checkpoint(
-                        dirs["checkpoint_dir"], checkpoint_state(epoch, epoch_first_iteration)
-                    )
+                    run.save(dataclasses.replace(state, iteration=first_iteration))
                     print(
-                        f"interrupted in epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                        f"written; run the same command again to resume",
+                        checkpoint.interrupted_message(f"in epoch {epoch + 1}", run.dirs.checkpoint_dir),
                         flush=True,
                     )
-                interrupted = True
+                outcome.interrupted = True
                 break
-            throughputs.append(result.throughput)
-            lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
-            # -- validate on rank 0 with the EMA weights; the others wait in the broadcast below
+            outcome.throughputs.append(result.throughput)
+            # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
             metrics = None
             last_epoch = epoch + 1 == config.epochs
-            if main and val_loader is not None and (not config.noval or last_epoch):
+            if val_loader is not None and (not config.noval or last_epoch):
                 metrics = evaluate(
-                    ema.module,
+                    run.stack.ema.module,
                     val_loader,
-                    device=device,
-                    amp=amp,
+                    device=run.device,
+                    amp=run.amp,
                     conf_thres=config.val_conf,
                     iou_thres=config.val_iou,
                     max_det=config.max_det,
                     should_stop=lambda: stop.requested,
-                )  # None when SIGTERM cut it short
-            improved = False
+                    gather=True,
+                )  # None when SIGTERM cut it short, and on ranks other than 0
+            state.epoch = epoch + 1
             if main:
-                fit = metrics.fitness if metrics is not None else -1.0
-                improved = metrics is not None and fit > best_fitness
-                if improved:
-                    best_fitness, stale = fit, 0
-                elif metrics is not None:
-                    stale += 1
-                row = {
-                    "epoch": epoch + 1,
-                    "box_loss": result.losses[0],
-                    "obj_loss": result.losses[1],
-                    "cls_loss": result.losses[2],
-                    "lr_bias": lrs["bias"],
-                    "lr_weight": lrs["weight"],
-                    "lr_norm": lrs["norm"],
-                    "samples_per_sec": result.throughput["samples_per_sec"],
-                    "data_wait": result.throughput["data_wait"],
-                    "epoch_seconds": time.perf_counter() - epoch_started,
-                }
-                if metrics is not None:
-                    row.update(metrics.to_dict())
-                    final_metrics = metrics
-                history.append(row)
-                emit(
-                    metric_line(
-                        epoch=epoch + 1,
-                        epochs=config.epochs,
-                        **{k: v for k, v in row.items() if k != "epoch"},
-                        samples_per_sec_per_gpu=result.throughput["samples_per_sec_per_gpu"],
-                        peak_mem_gb=peak_memory_gb(device),
-                    ),
-                    main=True,
-                )
-                checkpoint.save_checkpoint(
-                    dirs["checkpoint_dir"], checkpoint_state(epoch + 1, iteration), best=improved
-                )
-                write_results_csv(dirs["output_dir"] / "results.csv", history)
-                if tracking is not None:
-                    tracking.log_epoch(epoch + 1, row)
-                if board is not None:
-                    for key, value in row.items():
-                        board.add_scalar(key, value, epoch + 1)
-                    board.flush()
+                end_epoch(run, state, result, metrics, time.perf_counter() - epoch_started, board, tracking)
+                outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
             # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
-            stop_early = main and config.patience > 0 and stale >= config.patience
+            stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
             stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
             if sigterm and epoch + 1 < config.epochs:
                 if main:
                     print(
-                        f"interrupted after epoch {epoch + 1}: checkpoint {dirs['checkpoint_dir'] / checkpoint.LAST} "
-                        f"written; run the same command again to resume",
+                        checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir),
                         flush=True,
                     )
-                interrupted = True
+                outcome.interrupted = True
                 break
             if stop_early:
                 if main:
                     log.info("early stop: no fitness improvement for %d epochs", config.patience)
                 break
-
     if board is not None:
         board.close()
-    if main and not interrupted:
-        write_final_outputs(
-            config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
+    if not outcome.interrupted and val_loader is not None:
+        # the final numbers are best.pt's (every rank, sharded), not the last epoch's
+        best_metrics = validate_best(run, val_loader)
+        outcome.final_metrics = best_metrics if best_metrics is not None else outcome.final_metrics
+        if main and best_metrics is not None:
+            emit(metric_line(final=1, **best_metrics.to_dict()), main=True)
+    return outcome
+
+
+def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> int:
+    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM."""
+    started = time.perf_counter()
+
+    # -- decisions: every config problem fails here, before any work
+    decided = decide(config, info)
+
+    # -- data: scanned on every rank BEFORE the process group exists
+    bundle = scan_data(config, dirs.cache_dir)
+
+    # -- process group and device
+    device = distributed.init(info, decided.backend, decided.device_type, config.dist_timeout)
+    seed_everything(config.seed + info.rank)
+    if info.rank == 0:
+        log.info(
+            "backend=%s world_size=%d global_batch=%d per_rank=%d accumulate=%d amp=%s device=%s",
+            decided.backend,
+            info.world_size,
+            decided.plan.global_batch,
+            decided.plan.per_rank,
+            accumulation(decided.plan.global_batch),
+            decided.amp.mode,
+            device,
         )
-    if tracking is not None:
-        tracking.finish(dirs["output_dir"], dirs["model_dir"], interrupted=interrupted)
+
+    # -- model, loss, EMA, optimizer; resume
+    model = build_detection_model(config, bundle, device)
+    stack = build_training_stack(
+        model,
+        decided.hyp,
+        nc=bundle.nc,
+        imgsz=config.imgsz,
+        global_batch=decided.plan.global_batch,
+        amp=decided.amp,
+        optimizer=config.optimizer,
+        label_smoothing=config.label_smoothing,
+    )
+    run = Run(config, info, dirs, decided.plan, decided.amp, device, model, stack)
+    state = resume(run)
+
+    # -- step and loaders
+    step = build_step(run)
+    train_loader, val_loader, workers = build_loaders(
+        config, bundle, run.hyp, decided.plan.per_rank, info, int(model.stride.max())
+    )
+    run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
+    if run.main:
+        log.info(
+            "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",
+            len(bundle.train_index.images),
+            len(train_loader),
+            len(bundle.val_index.images),
+            workers,
+            run.warmup_iters,
+        )
+
+    # -- the epochs, then the final outputs on rank 0
+    tracking = (
+        mlflow_log.start({**config.to_dict(), "hyp": run.hyp}, run_name=config.run_name) if run.main else None
+    )
+    outcome = run_epochs(run, state, step, train_loader, val_loader, tracking)
+    if run.main and not outcome.interrupted:
+        write_final_outputs(run, state, outcome, started)
+    if tracking is not None:  # after best.pt is written: it is one of the artefacts
+        tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
     distributed.barrier()
-    return EXIT_INTERRUPTED if interrupted else 0
+    return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
-def write_final_outputs(
-    config, hyp, model, ema, dirs, history, final_metrics, throughputs, info, started, device
-) -> None:
+def validate_best(run: Run, val_loader) -> DetectionMetrics | None:
+    """Validate the weights model_dir/best.pt receives — the best checkpoint's EMA, rounded to float16 as
+    it is stored — on every rank, sharded. Rank 0 reads best.pt and broadcasts the weights (checkpoint
+    folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt."""
+    ema, config = run.stack.ema, run.config
+    best_path = run.dirs.checkpoint_dir / checkpoint.BEST
+    if not distributed.broadcast_object(best_path.is_file() if run.main else None):
+        return None
+    if run.main:
+        ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
+    distributed.broadcast_module(ema.module)
+    with torch.no_grad():
+        for tensor in ema.module.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.half().float())
+    return evaluate(
+        ema.module,
+        val_loader,
+        device=run.device,
+        amp=run.amp,
+        conf_thres=config.val_conf,
+        iou_thres=config.val_iou,
+        max_det=config.max_det,
+        gather=True,
+    )
+
+
+def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOutcome, started: float) -> None:
     """best EMA weights (float16, our format), resolved config and metrics.json in model_dir."""
-    from yolov5_smddp.models.weights import save_weights
-
-    best_path = dirs["checkpoint_dir"] / checkpoint.BEST
+    config, info, dirs, ema = run.config, run.info, run.dirs, run.stack.ema
+    best_path = dirs.checkpoint_dir / checkpoint.BEST
     if best_path.is_file():
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
-    meta = {"train_config": config.to_dict(), "hyp": hyp, "epochs_trained": len(history)}
-    save_weights(dirs["model_dir"] / "best.pt", ema.module, meta=meta, half=True)
+    meta = {"train_config": config.to_dict(), "hyp": run.hyp, "epochs_trained": len(state.history)}
+    save_weights(dirs.model_dir / "best.pt", ema.module, meta=meta, half=True)
     write_json(
-        dirs["model_dir"] / "config.json",
+        dirs.model_dir / "config.json",
         {
             "train_config": config.to_dict(),
-            "hyp": hyp,
-            "names": list(unwrap(model).names),
+            "hyp": run.hyp,
+            "names": list(unwrap(run.model).names),
             "world_size": info.world_size,
         },
     )
+    history, throughputs = state.history, outcome.throughputs
     best_row = max((r for r in history if "fitness" in r), key=lambda r: r["fitness"], default=None)
     rates = [t["samples_per_sec"] for t in throughputs]
     summary = {
-        "final": final_metrics.to_dict() if final_metrics is not None else None,
+        "final": outcome.final_metrics.to_dict() if outcome.final_metrics is not None else None,
         "best": best_row,
         "epochs": len(history),
         "world_size": info.world_size,
@@ -637,11 +797,11 @@ def write_final_outputs(
             "samples_per_sec": float(np.mean(rates)) if rates else None,
             "samples_per_sec_per_gpu": float(np.mean(rates)) / info.world_size if rates else None,
             "data_wait": float(np.mean([t["data_wait"] for t in throughputs])) if throughputs else None,
-            "peak_mem_gb": peak_memory_gb(device),
+            "peak_mem_gb": peak_memory_gb(run.device),
         },
         "wall_seconds": time.perf_counter() - started,
-        "weights": str(dirs["model_dir"] / "best.pt"),
+        "weights": str(dirs.model_dir / "best.pt"),
         "weights_precision": "float16",
     }
-    write_json(dirs["model_dir"] / "metrics.json", summary)
+    write_json(dirs.model_dir / "metrics.json", summary)
     log.info("done: %s", json.dumps(summary["final"]))

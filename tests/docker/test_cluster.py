@@ -63,8 +63,10 @@ def test_two_hosts_with_the_toolkits_smddp_mpirun_launch(image, dataset, tmp_pat
     log1 = first.log
     assert first.code == 0, log1[-4000:]
     assert "mpirun --host algo-1:1,algo-2:1 -np 2" in log1
-    assert "[1,mpirank:0,algo-1]<stdout>: launch: mpirun" in log1
-    assert "[1,mpirank:1,algo-2]<stdout>: launch: mpirun" in log1  # the rank mpirun started over ssh
+    # each rank names its own host although the toolkit passes algo-1's SM_CURRENT_HOST to both
+    launch = "launch: mpirun, 2 host(s) x 1 worker(s), this host {} (node {}), master algo-1:7777"
+    assert f"[1,mpirank:0,algo-1]<stdout>: {launch.format('algo-1', 0)}" in log1
+    assert f"[1,mpirank:1,algo-2]<stdout>: {launch.format('algo-2', 1)}" in log1  # started over ssh
     assert "backend=gloo world_size=2" in log1
     # the worker host's toolkit ran sshd, saw the MPI daemon finish and found the master's status file
     second = wait(containers["algo-2"], 300)

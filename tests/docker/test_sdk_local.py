@@ -52,6 +52,7 @@ METRIC_REGEXES = {d["Name"]: d["Regex"] for d in METRIC_DEFINITIONS}
 SMDDP = {"smdistributed": {"dataparallel": {"enabled": True}}}
 TORCH_DISTRIBUTED = {"torch_distributed": {"enabled": True}}
 # SDK defaults (its config schema): no telemetry call to AWS; also keeps the user's config files out.
+MPIRUN_LAUNCH = "launch: mpirun, 2 host(s) x 1 worker(s)"
 SDK_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
 
 
@@ -181,10 +182,18 @@ def _assert_trained(log: str, members: list[str], best: bytes, world_size: int) 
 @pytest.mark.parametrize(
     ("instance_count", "distribution", "launched_by"),
     [
-        (1, None, "launch: "),
-        (2, None, "launch: elastic, 2 host(s) x 1 worker(s)"),
-        (2, SMDDP, "mpirun --host algo-1"),
-        (2, TORCH_DISTRIBUTED, "torchrun --nnodes 2"),
+        (1, None, ("launch: ",)),
+        (2, None, ("launch: elastic, 2 host(s) x 1 worker(s)",)),
+        (  # each rank names its own host (the host count from the job's hosts, not Open MPI's local size)
+            2,
+            SMDDP,
+            (
+                "mpirun --host algo-1",
+                f"{MPIRUN_LAUNCH}, this host algo-1 (node 0), master algo-1:7777",
+                f"{MPIRUN_LAUNCH}, this host algo-2 (node 1), master algo-1:7777",
+            ),
+        ),
+        (2, TORCH_DISTRIBUTED, ("torchrun --nnodes 2",)),
     ],
     ids=[
         "1-instance",
@@ -200,7 +209,8 @@ def test_sdk_v2_local_mode_trains(
         client, image, tmp_path, capsys, instance_count=instance_count, distribution=distribution
     )
     _assert_trained(log, members, best, instance_count)
-    assert launched_by in log, log[-6000:]
+    for line in launched_by:
+        assert line in log, (line, log[-6000:])
 
 
 def test_sdk_v2_local_mode_with_a_training_channel_and_a_release_cache(

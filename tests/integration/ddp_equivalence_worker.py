@@ -51,7 +51,10 @@ def fixed_batches(copies: int) -> list[tuple]:
 def main(out: str, backend: str) -> None:
     torch.set_num_threads(1)
     info = distributed.detect_dist_info(os.environ)
-    device = distributed.init(info, backend, 120.0)
+    backend, device_type = distributed.resolve(
+        backend, torch.cuda.is_available(), distributed.smddp_importable
+    )
+    device = distributed.init(info, backend, device_type, 120.0)
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=NC).to(device)
     hyp = load_hyp("scratch-low")

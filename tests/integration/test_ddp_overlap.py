@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from yolov5_smddp.bench.overlap import measure_overlap
-from yolov5_smddp.bench.scaling import ddp_buckets, gradient_profile
+from bench.overlap import measure_overlap
+from bench.scaling import ddp_buckets, gradient_profile
 from yolov5_smddp.models.yolo import build_model
 
 

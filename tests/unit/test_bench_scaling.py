@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from yolov5_smddp.bench.scaling import (
+from bench.scaling import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     Links,
@@ -176,12 +176,10 @@ def test_early_bucket_hidden_last_bucket_exposed():
 
 
 def test_bench_scaling_cli_writes_json(tmp_path):
-    from yolov5_smddp.cli import main
+    from bench.scaling import main
 
     out = tmp_path / "scaling.json"
-    rc = main(
-        ["bench", "scaling", "--cfg", "yolov5n", "--step-ms", "100", "--nodes", "1,2", "--json", str(out)]
-    )
+    rc = main(["--cfg", "yolov5n", "--step-ms", "100", "--nodes", "1,2", "--json", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["gradient_bytes"] == 1_872_157 * 4
@@ -197,15 +195,15 @@ def test_bench_scaling_cli_writes_json(tmp_path):
 
 
 def test_bench_scaling_rejects_bad_step_time():
-    from yolov5_smddp.cli import main
+    from bench.scaling import main
 
-    assert main(["bench", "scaling", "--cfg", "yolov5n", "--step-ms", "0"]) == 2
+    assert main(["--cfg", "yolov5n", "--step-ms", "0"]) == 2
 
 
 def test_gradient_profile_work_and_ready_order():
     from torch import nn
 
-    from yolov5_smddp.bench.scaling import gradient_profile
+    from bench.scaling import gradient_profile
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1))
     profile = gradient_profile(model, imgsz=8)
@@ -228,7 +226,7 @@ def test_buckets_follow_a_given_ready_order():
 
 
 def test_overlap_summary_exact():
-    from yolov5_smddp.bench.overlap import summarise
+    from bench.overlap import summarise
 
     raw = {
         "sync": [[0.1, 0.3], [0.1, 0.5]],

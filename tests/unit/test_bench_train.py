@@ -168,3 +168,48 @@ def test_bench_train_refuses_bad_imgsz_and_fp16_on_cpu():
     assert (
         main(["bench", "train", "--cfg", "yolov5n", "--imgsz", "64", "--amp", "fp16", "--device", "cpu"]) == 2
     )
+
+
+def test_bench_and_trainer_build_the_same_training_stack():
+    """Label smoothing and the weight-decay scaling come from one builder: `bench train` at batch 48 on one
+    GPU gets what a 1-rank training run with the default options gets."""
+    import torch
+
+    from yolov5_smddp.bench.train import bench_training_stack
+    from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
+    from yolov5_smddp.engine import resolve_amp
+    from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.trainer import build_training_stack
+
+    hyp = load_hyp("scratch-low")
+    amp = resolve_amp("off", "cpu", False)
+    config = TrainConfig(batch_size=48)
+    plan = plan_batch(config.batch_size, config.batch_per_gpu, 1)
+
+    def stacks(label_smoothing: float):
+        torch.manual_seed(0)
+        model = build_model("yolov5n", nc=3)
+        trained = build_training_stack(
+            model,
+            hyp,
+            nc=3,
+            imgsz=320,
+            global_batch=plan.global_batch,
+            amp=amp,
+            optimizer=config.optimizer,
+            label_smoothing=label_smoothing,
+        )
+        benched = bench_training_stack(model, hyp, nc=3, imgsz=320, batch=48, amp=amp)
+        return trained, benched
+
+    trained, benched = stacks(config.label_smoothing)
+    decay = [(g["name"], g["weight_decay"]) for g in benched.optimizer.param_groups]
+    assert decay == [(g["name"], g["weight_decay"]) for g in trained.optimizer.param_groups]
+    assert decay == [("bias", 0.0), ("weight", pytest.approx(hyp["weight_decay"] * 48 / 64)), ("norm", 0.0)]
+    assert benched.accumulate == trained.accumulate == 1
+    assert benched.hyp == trained.hyp
+    assert (benched.criterion.cls_pos, benched.criterion.cls_neg) == (1.0, 0.0)
+    assert benched.criterion.gains == trained.criterion.gains
+    assert type(benched.optimizer) is type(trained.optimizer) is torch.optim.SGD
+    smoothed, _ = stacks(0.1)
+    assert (smoothed.criterion.cls_pos, smoothed.criterion.cls_neg) == pytest.approx((0.95, 0.05))

@@ -56,3 +56,37 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
     assert checkpoint.find_resumable(tmp_path) == tmp_path / "last.pt"
     assert checkpoint.find_resumable(tmp_path / "nothing") is None
+
+
+def test_interrupted_message_names_the_checkpoint_and_how_to_resume(tmp_path):
+    from yolov5_smddp.checkpoint import interrupted_message
+
+    assert interrupted_message("after epoch 2", tmp_path) == (
+        f"interrupted after epoch 2: checkpoint {tmp_path / 'last.pt'} written; run the same command again to resume"
+    )
+
+
+def test_run_state_round_trips_through_a_checkpoint(tmp_path):
+    from yolov5_smddp.checkpoint import RunState, load_checkpoint, save_checkpoint
+
+    state = RunState(
+        epoch=3, iteration=120, best_fitness=0.25, stale_epochs=1, history=[{"epoch": 1, "fitness": 0.25}]
+    )
+    assert state.to_checkpoint() == {
+        "epoch": 3,
+        "iteration": 120,
+        "best_fitness": 0.25,
+        "stale_epochs": 1,
+        "history": [{"epoch": 1, "fitness": 0.25}],
+    }
+    save_checkpoint(tmp_path, state.to_checkpoint())
+    restored = RunState.from_checkpoint(load_checkpoint(tmp_path / "last.pt"))
+    assert restored == RunState(
+        epoch=3,
+        iteration=120,
+        best_fitness=0.25,
+        stale_epochs=1,
+        history=[{"epoch": 1, "fitness": 0.25}],
+        last_optimizer_iteration=119,
+    )
+    assert RunState() == RunState(0, 0, -1.0, 0, [], -1)

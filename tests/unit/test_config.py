@@ -105,13 +105,65 @@ def test_config_is_kw_only_and_serialisable(tmp_path):
     d = TrainConfig(epochs=2).to_dict()
     assert d["epochs"] == 2 and d["freeze"] == []
     dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path, {}, Path("/home/me"))
-    assert (
-        str(dirs["model_dir"]) == "/m"
-        and dirs["checkpoint_dir"] == tmp_path / "runs" / "train" / "checkpoints"
-    )
+    assert str(dirs.model_dir) == "/m" and dirs.checkpoint_dir == tmp_path / "runs" / "train" / "checkpoints"
     # caches: the user's cache folder, never the run folder nor a dataset
-    assert dirs["cache_dir"] == Path("/home/me/.cache/yolov5-smddp")
+    assert dirs.cache_dir == Path("/home/me/.cache/yolov5-smddp")
     xdg = resolve_output_dirs(TrainConfig(), tmp_path, {"XDG_CACHE_HOME": "/xdg"}, Path("/home/me"))
-    assert xdg["cache_dir"] == Path("/xdg/yolov5-smddp")
+    assert xdg.cache_dir == Path("/xdg/yolov5-smddp")
     given = resolve_output_dirs(TrainConfig(cache_dir="/c"), tmp_path, {"XDG_CACHE_HOME": "/xdg"})
-    assert given["cache_dir"] == Path("/c")
+    assert given.cache_dir == Path("/c")
+
+
+def test_hyp_keys_are_declared_once():
+    """`Hyp` declares the keys and ranges; the shipped YAMLs hold every key, and the augmentation and loss
+    defaults use the same names and scratch-low's values."""
+    from dataclasses import fields
+
+    from yolov5_smddp.config import HYP_RANGES, Hyp
+    from yolov5_smddp.data.augment import AugmentParams
+    from yolov5_smddp.loss import HYP_DEFAULTS
+
+    low = load_hyp("scratch-low")
+    assert tuple(low) == Hyp.keys() == tuple(HYP_RANGES)
+    assert tuple(load_hyp("scratch-high")) == Hyp.keys()
+    assert Hyp(**low).lr0 == 0.01
+    augment = {f.name: f.default for f in fields(AugmentParams)}
+    assert augment == {k: low[k] for k in augment}
+    loss = {k: v for k, v in HYP_DEFAULTS.items() if k != "label_smoothing"}
+    assert loss == {k: low[k] for k in loss}
+    assert HYP_RANGES["perspective"] == (0.0, 0.001) and HYP_RANGES["anchor_t"] == (1.0, 100.0)
+
+
+def test_unused_hyperparameters_warn_only_when_set():
+    from yolov5_smddp.config import unused_hyp_warnings
+
+    low = load_hyp("scratch-low")
+    assert unused_hyp_warnings(low, low) == []
+    assert unused_hyp_warnings(load_hyp("scratch-low", {"copy_paste": 0.5, "iou_t": 0.3}), low) == [
+        "hyperparameter iou_t=0.3 has no effect: the release's loss never reads it either; anchor_t decides",
+        "hyperparameter copy_paste=0.5 has no effect: segment copy-paste needs polygon labels; boxes-only here",
+    ]
+    assert unused_hyp_warnings(load_hyp("scratch-high"), low) == [
+        "hyperparameter copy_paste=0.1 has no effect: segment copy-paste needs polygon labels; boxes-only here"
+    ]
+
+
+def test_every_option_comes_from_a_field():
+    """The command line is derived from TrainConfig: one option per field, both spellings, the dataclass
+    defaults (argparse's stay None), Literal fields as case-insensitive choices."""
+    import argparse
+    from dataclasses import fields
+
+    parser = argparse.ArgumentParser()
+    from yolov5_smddp.config import add_train_arguments
+
+    add_train_arguments(parser)
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(actions) == {f.name for f in fields(TrainConfig)}
+    assert all(a.default is None for a in actions.values())
+    assert actions["batch_per_gpu"].option_strings == ["--batch-per-gpu", "--batch_per_gpu"]
+    assert actions["imgsz"].option_strings == ["--imgsz", "--img-size", "--img_size", "--img"]
+    assert actions["hyp_overrides"].option_strings[0] == "--hyp-override"
+    assert parse_train_args(["--backend", "GLOO", "--amp", "BF16"]).backend == "gloo"
+    assert parse_train_args(["--batch-size", "none", "--cache"]).cache == "ram"
+    assert parse_train_args(["--weights", "None"]).weights is None

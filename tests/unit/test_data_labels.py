@@ -185,3 +185,9 @@ def test_dataset_is_never_written(tmp_path):
 def test_image_problem_is_raised_for_missing_file(tmp_path):
     with pytest.raises(ImageProblem, match="cannot be read"):
         read_image_info(tmp_path / "nope.jpg")
+
+
+def test_scan_workers_one_cap_for_the_pre_launch_check_and_the_ranks():
+    from yolov5_smddp.data.labels import scan_workers
+
+    assert [scan_workers(n) for n in (0, 1, 2, 16, 17, 96)] == [1, 1, 2, 16, 16, 16]

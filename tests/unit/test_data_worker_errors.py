@@ -18,9 +18,11 @@ from yolov5_smddp.data.worker_errors import (
     LoaderContext,
     LoaderWorkerDied,
     Resources,
+    dead_workers,
     describe,
     explain_worker_failure,
     parse_meminfo,
+    worker_death_error,
 )
 from yolov5_smddp.errors import DataError
 
@@ -66,6 +68,35 @@ def test_a_killed_worker_is_explained():
         "A worker killed with SIGKILL was most likely stopped by the out-of-memory killer. "
         f"{FIGURES_TEXT} {ADVICE}"
     )
+
+
+class _Worker:
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+
+class _Iterator:
+    def __init__(self, *workers: _Worker) -> None:
+        self._workers = list(workers)
+
+
+def test_a_worker_killed_while_handing_a_batch_over_is_read_as_a_death():
+    # the trainer sees EOFError from the fd-passing socket; the worker list tells what happened
+    dead = dead_workers(_Iterator(_Worker(11, None), _Worker(12, -signal.SIGKILL)), wait_s=0)
+    assert dead == [(12, -signal.SIGKILL)]
+    error = worker_death_error(dead)
+    assert str(error) == "DataLoader worker (pid 12) is killed by signal: Killed."
+    explained = explain_worker_failure(error, CONTEXT, FIGURES)
+    assert isinstance(explained, LoaderWorkerDied)
+    assert "A worker killed with SIGKILL was most likely stopped by the out-of-memory killer." in str(
+        explained
+    )
+    assert (
+        str(worker_death_error([(13, 3)]))
+        == "DataLoader worker (pid 13) exited unexpectedly with exit code 3."
+    )
+    assert dead_workers(_Iterator(_Worker(11, None), _Worker(12, 0)), wait_s=0) == []
+    assert dead_workers(None, wait_s=0) == []
 
 
 def test_a_full_dev_shm_in_a_worker_is_explained():

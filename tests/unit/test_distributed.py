@@ -1,7 +1,7 @@
 import pytest
 
 from yolov5_smddp import distributed
-from yolov5_smddp.distributed import choose_backend, detect_dist_info
+from yolov5_smddp.distributed import detect_dist_info, resolve
 from yolov5_smddp.errors import ConfigError
 
 
@@ -79,33 +79,85 @@ def test_bad_values():
 
 
 @pytest.mark.parametrize(
-    "requested, cuda, smddp, expected",
+    "requested, cuda, smddp, prefer_smddp, expected",
     [
-        ("auto", True, True, "smddp"),
-        ("auto", True, False, "nccl"),
-        ("auto", False, True, "gloo"),
-        ("auto", False, False, "gloo"),
-        ("smddp", False, True, "smddp"),
-        ("gloo", True, True, "gloo"),
-        ("nccl", True, False, "nccl"),
+        ("auto", True, True, False, ("smddp", "cuda")),
+        ("auto", True, False, False, ("nccl", "cuda")),
+        ("auto", False, True, False, ("gloo", "cpu")),
+        ("auto", False, False, False, ("gloo", "cpu")),
+        ("smddp", False, True, False, ("smddp", "cpu")),
+        ("gloo", True, True, False, ("gloo", "cpu")),
+        ("nccl", True, False, False, ("nccl", "cuda")),
+        # under mpirun (SageMaker's SMDDP distribution) auto means smddp whenever it imports
+        ("auto", False, True, True, ("smddp", "cpu")),
+        ("auto", True, True, True, ("smddp", "cuda")),
+        ("auto", False, False, True, ("gloo", "cpu")),
+        ("auto", True, False, True, ("nccl", "cuda")),
+        ("gloo", True, True, True, ("gloo", "cpu")),
     ],
 )
-def test_choose_backend(requested, cuda, smddp, expected):
-    assert choose_backend(requested, cuda, smddp) == expected
+def test_resolve_backend_and_device(requested, cuda, smddp, prefer_smddp, expected):
+    assert resolve(requested, cuda, smddp, prefer_smddp=prefer_smddp) == expected
+
+
+def test_resolve_imports_smddp_only_when_the_answer_depends_on_it():
+    asked = []
+
+    def importable() -> bool:
+        asked.append(True)
+        return True
+
+    assert resolve("gloo", True, importable) == ("gloo", "cpu")
+    assert resolve("auto", False, importable) == ("gloo", "cpu")
+    assert asked == []
+    assert resolve("auto", True, importable) == ("smddp", "cuda")
+    assert asked == [True]
 
 
 def test_missing_smddp_names_the_images():
     with pytest.raises(ConfigError, match="2.5.1.*2.4.0.*2.3.0"):
-        choose_backend("smddp", True, False)
+        resolve("smddp", True, False)
     with pytest.raises(ConfigError, match="CUDA"):
-        choose_backend("nccl", False, False)
+        resolve("nccl", False, False)
+    with pytest.raises(ConfigError, match="--backend='mpi'"):
+        resolve("mpi", True, True)
+
+
+def test_mpirun_node_index_and_host_count_from_rank_and_local_size():
+    # 2 hosts x 1 worker: OMPI_COMM_WORLD_NODE_RANK is 0 on both ranks (a per-node rank)
+    second = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+        "OMPI_COMM_WORLD_NODE_RANK": "0",
+    }
+    info = detect_dist_info(second, default_master="algo-1")
+    assert (info.rank, info.local_rank, info.node_rank, info.nnodes, info.local_world_size) == (1, 0, 1, 2, 1)
+    # 2 hosts x 8 workers: rank 12 is local rank 4 of the second host
+    twelfth = {
+        "OMPI_COMM_WORLD_RANK": "12",
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "4",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+        "OMPI_COMM_WORLD_NODE_RANK": "4",
+    }
+    info = detect_dist_info(twelfth, default_master="algo-1")
+    assert (info.rank, info.local_rank, info.node_rank, info.nnodes, info.local_world_size) == (
+        12,
+        4,
+        1,
+        2,
+        8,
+    )
+    assert info.prefer_smddp and not detect_dist_info({}).prefer_smddp
 
 
 def test_single_process_helpers_are_no_ops():
     import torch
 
     info = detect_dist_info({})
-    device = distributed.init(info, "gloo", 10)
+    device = distributed.init(info, "gloo", "cpu", 10)
     assert device.type == "cpu" and distributed.is_main() and distributed.world_size() == 1
     t = torch.tensor([3.0])
     assert distributed.all_reduce_mean(t).item() == 3.0
@@ -120,3 +172,28 @@ def test_smddp_absent_here():
 
     if importlib.util.find_spec("smdistributed") is None:
         assert distributed.smddp_importable() is False
+
+
+def test_mpirun_local_size_from_the_jobs_hosts_when_given():
+    # what the stand-in's Open MPI exported to the rank on algo-2 of a 2 x 1 job under the toolkit's mpirun
+    seen_on_algo_2 = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
+    }
+    info = detect_dist_info(seen_on_algo_2, default_master="algo-1", hosts_in_job=2)
+    assert (info.rank, info.local_rank, info.local_world_size, info.node_rank, info.nnodes) == (1, 0, 1, 1, 2)
+    # without the host count, Open MPI's local size is all there is
+    alone = detect_dist_info(seen_on_algo_2, default_master="algo-1")
+    assert (alone.local_rank, alone.local_world_size, alone.node_rank, alone.nnodes) == (1, 2, 0, 1)
+    # 2 x 8: rank 12 is local rank 4 of the second host either way
+    twelfth = {
+        "OMPI_COMM_WORLD_RANK": "12",
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "4",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+    }
+    info = detect_dist_info(twelfth, default_master="algo-1", hosts_in_job=2)
+    assert (info.local_rank, info.local_world_size, info.node_rank, info.nnodes) == (4, 8, 1, 2)

@@ -491,3 +491,17 @@ def test_tune_example_dry_run_prints_the_sdk_arguments(capsys):
     )
     with pytest.raises(ConfigError, match="hyperparameter 'epochs' is both fixed"):
         example.main([*argv, "--range", "epochs=10:50"])
+
+
+def test_the_dlc_is_written_once_and_the_dockerfile_repeats_it():
+    from pathlib import Path
+
+    from yolov5_smddp import dlc
+
+    root = Path(__file__).resolve().parents[2]
+    dockerfile = (root / "Dockerfile").read_text()
+    assert f"ARG DLC_ACCOUNT={dlc.DLC_ACCOUNT}\n" in dockerfile
+    assert f"ARG DLC_TAG={dlc.DLC_TAG}\n" in dockerfile
+    sources = [root / "build.sh", *sorted((root / "yolov5_smddp").rglob("*.py"))]
+    writers = sorted(str(p.relative_to(root)) for p in sources if dlc.DLC_TAG in p.read_text())
+    assert writers == ["yolov5_smddp/dlc.py"]

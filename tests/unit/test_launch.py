@@ -4,14 +4,21 @@ import sys
 
 import pytest
 
+from yolov5_smddp.distributed import detect_dist_info
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.launch import LaunchPlan, decide_launch, elastic_config, worker_command
 
 HOSTS = ["algo-1", "algo-2"]
 
 
+def plan_for(environ, *, hosts, **kwargs):
+    """The plan as the SageMaker driver makes it: the launcher's variables read once, by distributed."""
+    info = detect_dist_info(environ, default_master=hosts[0], hosts_in_job=len(hosts))
+    return decide_launch(info, hosts=hosts, **kwargs)
+
+
 def test_no_distribution_two_gpu_hosts_is_elastic_one_worker_per_gpu():
-    plan = decide_launch({}, hosts=HOSTS, current_host="algo-2", num_gpus=8)
+    plan = plan_for({}, hosts=HOSTS, current_host="algo-2", num_gpus=8)
     assert plan == LaunchPlan(
         mode="elastic", nnodes=2, nproc_per_node=8, node_rank=1, master_addr="algo-1", master_port=7777
     )
@@ -20,15 +27,15 @@ def test_no_distribution_two_gpu_hosts_is_elastic_one_worker_per_gpu():
 
 def test_single_gpu_or_cpu_host_runs_in_process():
     for gpus in (0, 1):
-        plan = decide_launch({}, hosts=["algo-1"], current_host="algo-1", num_gpus=gpus)
+        plan = plan_for({}, hosts=["algo-1"], current_host="algo-1", num_gpus=gpus)
         assert plan == LaunchPlan(
             mode="single", nnodes=1, nproc_per_node=1, node_rank=0, master_addr="algo-1", master_port=7777
         )
 
 
 def test_cpu_hosts_get_one_worker_each_unless_told():
-    assert decide_launch({}, hosts=HOSTS, current_host="algo-1", num_gpus=0).nproc_per_node == 1
-    plan = decide_launch(
+    assert plan_for({}, hosts=HOSTS, current_host="algo-1", num_gpus=0).nproc_per_node == 1
+    plan = plan_for(
         {}, hosts=["algo-1"], current_host="algo-1", num_gpus=0, nproc_per_node="2", master_port="29500"
     )
     assert plan == LaunchPlan(
@@ -37,7 +44,7 @@ def test_cpu_hosts_get_one_worker_each_unless_told():
 
 
 def test_master_port_from_environment():
-    plan = decide_launch({"MASTER_PORT": "12345"}, hosts=HOSTS, current_host="algo-1", num_gpus=1)
+    plan = plan_for({"MASTER_PORT": "12345"}, hosts=HOSTS, current_host="algo-1", num_gpus=1)
     assert plan.master_port == 12345 and plan.mode == "elastic"
 
 
@@ -49,7 +56,7 @@ def test_under_mpirun_one_worker_in_process_preferring_smddp():
         "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
         "OMPI_COMM_WORLD_NODE_RANK": "1",
     }
-    plan = decide_launch(environ, hosts=HOSTS, current_host="algo-2", num_gpus=8)
+    plan = plan_for(environ, hosts=HOSTS, current_host="algo-2", num_gpus=8)
     assert plan == LaunchPlan(
         mode="mpirun",
         nnodes=2,
@@ -58,9 +65,49 @@ def test_under_mpirun_one_worker_in_process_preferring_smddp():
         master_addr="algo-1",
         master_port=7777,
         local_rank=1,
-        prefer_smddp=True,
     )
     assert plan.in_process
+    assert detect_dist_info(environ, default_master="algo-1").prefer_smddp
+
+
+def _ompi(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """What Open MPI exports to one rank. OMPI_COMM_WORLD_NODE_RANK is this rank's place among the ranks
+    on its node (0 for every rank of a 2 x 1 job), not the node's index."""
+    return {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(size),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        "OMPI_COMM_WORLD_NODE_RANK": str(local_rank),
+    }
+
+
+@pytest.mark.parametrize(
+    "rank, local_rank, local_size, size, node_rank",
+    [
+        (0, 0, 1, 2, 0),  # 2 hosts x 1 worker
+        (1, 0, 1, 2, 1),
+        (0, 0, 8, 16, 0),  # 2 hosts x 8 workers
+        (7, 7, 8, 16, 0),
+        (8, 0, 8, 16, 1),
+        (15, 7, 8, 16, 1),
+    ],
+)
+def test_under_mpirun_the_node_comes_from_rank_and_local_size(rank, local_rank, local_size, size, node_rank):
+    # the toolkit's mpirun passes algo-1's SM_CURRENT_HOST to every rank: the plan must not depend on it
+    for current_host in HOSTS:
+        plan = plan_for(
+            _ompi(rank, size, local_rank, local_size), hosts=HOSTS, current_host=current_host, num_gpus=8
+        )
+        assert plan == LaunchPlan(
+            mode="mpirun",
+            nnodes=2,
+            nproc_per_node=local_size,
+            node_rank=node_rank,
+            master_addr="algo-1",
+            master_port=7777,
+            local_rank=local_rank,
+        )
 
 
 def test_under_torchrun_one_worker_in_process():
@@ -74,7 +121,7 @@ def test_under_torchrun_one_worker_in_process():
         "MASTER_PORT": "29400",
         "OMPI_COMM_WORLD_RANK": "0",
     }
-    plan = decide_launch(environ, hosts=HOSTS, current_host="algo-2", num_gpus=2)
+    plan = plan_for(environ, hosts=HOSTS, current_host="algo-2", num_gpus=2)
     assert plan == LaunchPlan(
         mode="torchrun",
         nnodes=2,
@@ -88,11 +135,11 @@ def test_under_torchrun_one_worker_in_process():
 
 def test_bad_values_name_the_option():
     with pytest.raises(ConfigError, match="--nproc-per-node='two'"):
-        decide_launch({}, hosts=["a"], current_host="a", num_gpus=0, nproc_per_node="two")
+        plan_for({}, hosts=["a"], current_host="a", num_gpus=0, nproc_per_node="two")
     with pytest.raises(ConfigError, match="--nproc-per-node='0'"):
-        decide_launch({}, hosts=["a"], current_host="a", num_gpus=0, nproc_per_node="0")
+        plan_for({}, hosts=["a"], current_host="a", num_gpus=0, nproc_per_node="0")
     with pytest.raises(ConfigError, match="'algo-3'"):
-        decide_launch({}, hosts=HOSTS, current_host="algo-3", num_gpus=0)
+        plan_for({}, hosts=HOSTS, current_host="algo-3", num_gpus=0)
 
 
 def test_elastic_config_exact():

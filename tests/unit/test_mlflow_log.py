@@ -255,14 +255,15 @@ def test_a_training_run_logs_to_mlflow(mlflow_store: str, tmp_path: Path):
     ],
 )
 def test_the_sagemaker_job_name_becomes_the_run_name(tmp_path: Path, monkeypatch, argv, environ, expected):
-    """sagemaker.py (the only reader of the job's environment) passes TRAINING_JOB_NAME as --run-name unless
-    the hyperparameters set one."""
-    from yolov5_smddp import sagemaker
-    from yolov5_smddp.commands import train
+    """sagemaker/env.py (the only reader of the job's environment) reads TRAINING_JOB_NAME; the driver passes it
+    as --run-name unless the hyperparameters set one."""
+    from yolov5_smddp.sagemaker import driver
+    from yolov5_smddp.sagemaker.env import read_environment
 
-    seen: list[list[str]] = []
-    monkeypatch.setattr(train, "main", lambda args: seen.append(list(args)) or 0)
     environ = {"SAGEMAKER_BASE_DIR": str(tmp_path), **environ}
-    assert sagemaker.main(["--epochs", "1", *argv], environ=environ) == 0
+    assert read_environment(environ).job_name == environ.get("TRAINING_JOB_NAME")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(driver, "train_main", lambda args, info: seen.append(list(args)) or 0)
+    assert driver.main(["--epochs", "1", *argv], environ=environ) == 0
     (args,) = seen
     assert [args[i + 1] for i, a in enumerate(args) if a == "--run-name"] == expected

@@ -7,17 +7,12 @@ from pathlib import Path
 import pytest
 
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.sagemaker import (
-    SageMakerEnv,
-    failure_reason,
-    hyperparameters_from_cli,
-    location_args,
-    main,
-    prepare_data_yaml,
-    read_environment,
-    write_failure,
-    write_local_config,
-)
+from yolov5_smddp.sagemaker import main
+from yolov5_smddp.sagemaker.dataset import prepare_data_yaml
+from yolov5_smddp.sagemaker.driver import location_args
+from yolov5_smddp.sagemaker.env import SageMakerEnv, read_environment
+from yolov5_smddp.sagemaker.failure import failure_reason, write_failure
+from yolov5_smddp.sagemaker.local_config import hyperparameters_from_cli, write_local_config
 
 
 def _fake_opt_ml(
@@ -266,3 +261,64 @@ def test_main_unknown_hyperparameter_is_named(tmp_path):
     base = _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
     assert main(["--epochz", "3"], environ={"SAGEMAKER_BASE_DIR": str(base)}) == 2
     assert "--epochz" in (base / "output" / "failure").read_text().splitlines()[0]
+
+
+def test_only_the_sagemaker_package_reads_sm_variables():
+    import re
+
+    package = Path(__file__).resolve().parents[2] / "yolov5_smddp"
+    readers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "sagemaker" not in path.relative_to(package).parts[:1]
+        and re.search(r"""["']SM_[A-Z_]+["']""", path.read_text())
+    )
+    assert readers == []
+
+
+@pytest.mark.parametrize(
+    "ompi, expected",
+    [
+        (  # 2 hosts x 1 worker, the rank on algo-2
+            {"RANK": "1", "SIZE": "2", "LOCAL_RANK": "0", "LOCAL_SIZE": "1", "NODE_RANK": "0"},
+            "launch: mpirun, 2 host(s) x 1 worker(s), this host algo-2 (node 1), master algo-1:7777",
+        ),
+        (  # the same rank as the stand-in's Open MPI described it (both ranks counted as local)
+            {"RANK": "1", "SIZE": "2", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "NODE_RANK": "1"},
+            "launch: mpirun, 2 host(s) x 1 worker(s), this host algo-2 (node 1), master algo-1:7777",
+        ),
+        (  # 2 hosts x 8 workers, local rank 3 on algo-2
+            {"RANK": "11", "SIZE": "16", "LOCAL_RANK": "3", "LOCAL_SIZE": "8", "NODE_RANK": "3"},
+            "launch: mpirun, 2 host(s) x 8 worker(s), this host algo-2 (node 1), master algo-1:7777",
+        ),
+    ],
+)
+def test_under_the_toolkits_mpirun_each_rank_names_its_own_host(
+    tmp_path, monkeypatch, caplog, ompi, expected
+):
+    """The toolkit's mpirun hands algo-1's SM_CURRENT_HOST to every rank (`-x`); the rank's place comes from
+    Open MPI's variables, read once, and the worker in this process gets that same place."""
+    from yolov5_smddp.sagemaker import driver
+
+    _fake_opt_ml(tmp_path, hosts=("algo-1", "algo-2"), current="algo-1", channels=())
+    seen = []
+    monkeypatch.setattr(driver, "train_main", lambda argv, info: seen.append(info) or 0)
+    caplog.set_level("INFO", logger="yolov5_smddp.sagemaker")
+    environ = {
+        "SAGEMAKER_BASE_DIR": str(tmp_path),
+        "SM_HOSTS": '["algo-1", "algo-2"]',
+        "SM_CURRENT_HOST": "algo-1",
+        "SM_NUM_GPUS": "8",
+        **{f"OMPI_COMM_WORLD_{k}": v for k, v in ompi.items()},
+    }
+    assert main(["--epochs", "1", "--cfg", "yolov5n"], environ=environ) == 0
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("launch:")] == [expected]
+    (info,) = seen
+    assert (info.launcher, info.rank, info.node_rank, info.nnodes, info.master_addr, info.master_port) == (
+        "mpirun",
+        int(ompi["RANK"]),
+        1,
+        2,
+        "algo-1",
+        7777,
+    )

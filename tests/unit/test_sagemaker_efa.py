@@ -1,8 +1,8 @@
-"""Exact EFA/NCCL variables our elastic launcher adds per instance type (yolov5_smddp.sagemaker_efa)."""
+"""Exact EFA/NCCL variables our elastic launcher adds per instance type (yolov5_smddp.sagemaker.efa)."""
 
 import pytest
 
-from yolov5_smddp.sagemaker_efa import network_environment
+from yolov5_smddp.sagemaker.efa import network_environment
 
 RDMA = {
     "FI_EFA_USE_DEVICE_RDMA": "1",
@@ -91,25 +91,29 @@ def test_the_elastic_launcher_exports_them_once_before_starting_workers(tmp_path
     (config / "resourceconfig.json").write_text(json.dumps(resource))
     (config / "hyperparameters.json").write_text("{}")
     (config / "inputdataconfig.json").write_text("{}")
-    monkeypatch.setattr(os, "environ", {"PATH": os.environ.get("PATH", ""), "NCCL_PROTO": "LL128"})
+    process_environ = {"PATH": os.environ.get("PATH", ""), "NCCL_PROTO": "LL128"}
+    monkeypatch.setattr(os, "environ", dict(process_environ))
     seen = []
 
-    def run_elastic(plan, worker_args, *, run_id):  # what the workers would inherit
-        seen.append((plan.mode, dict(os.environ)))
+    def run_elastic(plan, worker_args, *, run_id, environ):  # what the workers will run with
+        seen.append((plan.mode, dict(environ)))
         return 0
 
     monkeypatch.setattr(launch, "run_elastic", run_elastic)
     caplog.set_level("INFO", logger="yolov5_smddp.sagemaker")
-    environ = {"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_NUM_GPUS": "0"}
+    environ = {"SAGEMAKER_BASE_DIR": str(tmp_path), "SM_NUM_GPUS": "0", **process_environ}
     assert main(["--nproc-per-node", "2", "--epochs", "1"], environ=environ) == 0
     assert [mode for mode, _ in seen] == ["elastic"]
     inherited = seen[0][1]
-    assert {k: inherited[k] for k in inherited if k != "PATH"} == {
+    assert {k: inherited[k] for k in inherited if k not in ("PATH", "SAGEMAKER_BASE_DIR", "SM_NUM_GPUS")} == {
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "FI_PROVIDER": "efa",
         "NCCL_PROTO": "LL128",  # the user's
         "NCCL_SOCKET_IFNAME": "eth0",
     }
+    assert (
+        os.environ == process_environ
+    )  # the driver builds the workers' environment; it never writes its own
     expected = (
         "network (ml.p4d.24xlarge): FI_EFA_USE_DEVICE_RDMA=1 FI_PROVIDER=efa NCCL_SOCKET_IFNAME=eth0; "
         "already set NCCL_PROTO=LL128"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
 from yolov5_smddp.bench.timing import PhaseClock
+from yolov5_smddp.config import TrainConfig
 from yolov5_smddp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,25 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
     return batches, nc
 
 
+def bench_training_stack(model, hyp: dict, *, nc: int, imgsz: int, batch: int, amp):
+    """The trainer's stack (`trainer.build_training_stack`) for one GPU at `batch` with the training
+    defaults (optimizer, label smoothing)."""
+    # imported here like torch in this module: `yolov5-smddp -h` builds every command's parser without torch
+    from yolov5_smddp.trainer import build_training_stack
+
+    defaults = TrainConfig()
+    return build_training_stack(
+        model,
+        hyp,
+        nc=nc,
+        imgsz=imgsz,
+        global_batch=batch,
+        amp=amp,
+        optimizer=defaults.optimizer,
+        label_smoothing=defaults.label_smoothing,
+    )
+
+
 def measure(
     args,
     combo: Combination,
@@ -228,27 +248,22 @@ def measure(
     clipping, the non-finite guard and the EMA update included)."""
     import torch
 
-    from yolov5_smddp.ema import ModelEMA
     from yolov5_smddp.engine import TrainStep, resolve_amp
-    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.trainer import build_optimizer
 
     batches, nc = _batches(args, combo, device, hyp, scratch)
     torch.manual_seed(0)
     model = build_model(args.cfg, nc=nc).to(device).train()
     if combo.channels_last:
         model.to(memory_format=torch.channels_last)
-    criterion = YoloLoss(model, scale_loss_gains(hyp, nl=model.detect.nl, nc=nc, imgsz=args.imgsz))
-    ema = ModelEMA(model)
-    optimizer = build_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
     amp = resolve_amp(combo.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    stack = bench_training_stack(model, hyp, nc=nc, imgsz=args.imgsz, batch=combo.batch, amp=amp)
     step = TrainStep(
         torch.compile(model) if args.compile else model,
-        criterion,
-        optimizer,
-        amp.make_scaler(),
-        ema,
+        stack.criterion,
+        stack.optimizer,
+        stack.scaler,
+        stack.ema,
         amp,
         device,
         channels_last=combo.channels_last,

@@ -1,4 +1,4 @@
-"""`yolov5-smddp bench {train,data,workers,scaling}`: each benchmark lives in `yolov5_smddp.bench.<name>`
+"""`yolov5-smddp bench {train,data,workers}` (the scaling model is a research tool: `python -m bench.scaling`): each benchmark lives in `yolov5_smddp.bench.<name>`
 with the same `add_arguments(parser)` / `run(args)` pair as a command."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "train": ("yolov5_smddp.bench.train", "training step throughput, step-time split, memory, MFU"),
     "data": ("yolov5_smddp.bench.data", "mosaic pipeline samples/s and label-scan files/s"),
     "workers": ("yolov5_smddp.bench.workers", "loader throughput per DataLoader worker count"),
-    "scaling": ("yolov5_smddp.bench.scaling", "predicted multi-node scaling from gradient all-reduce volume"),
 }
 
 

@@ -19,19 +19,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
 
 
-def main(argv: list[str]) -> int:
-    """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable)."""
+def main(argv: list[str], info=None) -> int:
+    """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable).
+    `info` (a distributed.DistInfo) is where this worker sits; None: read from the launcher's variables."""
     from yolov5_smddp.config import parse_train_args
 
-    return run_config(parse_train_args(argv))
+    return run_config(parse_train_args(argv), info)
 
 
-def run_config(config) -> int:
+def run_config(config, info=None) -> int:
     from yolov5_smddp import distributed, hostmem, trainer
     from yolov5_smddp.config import resolve_output_dirs
 
     hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
-    info = distributed.detect_dist_info(os.environ)
+    if info is None:
+        info = distributed.detect_dist_info(os.environ)
     if info.rank == 0 and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     dirs = resolve_output_dirs(config, Path.cwd())

@@ -7,6 +7,11 @@ image pixels, and scores them with pycocotools when it is installed (maxDets 300
 Images the label scan rejects (bad image or label files, over --max-image-pixels) and images that fail
 to decode during validation are left out and named ("skipped: <path>: <why>"); the metric line says how
 many (`skipped=`), so the number of scored images is never changed silently.
+
+Under torchrun or mpirun every rank validates its own contiguous block of whole rectangular batches
+(see `valshard`); the match results are gathered to rank 0, whose metrics equal one process's exactly.
+The log says how the images were split ("val: 15 of 30 images on each of 2 ranks"); only rank 0 prints
+and writes the JSON files (the detections are gathered to it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
@@ -36,6 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16", "auto"))
     parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "smddp", "nccl", "gloo"),
+        help="process-group backend under torchrun/mpirun (auto: smddp, else nccl on GPUs, else gloo)",
+    )
+    parser.add_argument(
+        "--dist-timeout",
+        "--dist_timeout",
+        dest="dist_timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a collective may wait under torchrun/mpirun",
+    )
+    parser.add_argument(
         "--save-json",
         "--save_json",
         dest="save_json",
@@ -43,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write COCO-format JSON and score it with pycocotools",
     )
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/val")
+    parser.add_argument(
+        "--metrics-json",
+        "--metrics_json",
+        dest="metrics_json",
+        default=None,
+        help="also write the metrics at full precision to this JSON file (rank 0)",
+    )
     parser.add_argument(
         "--cache-dir",
         "--cache_dir",
@@ -109,19 +137,39 @@ def _pycocotools_scores(gt_path: Path, dt: list[dict]) -> dict[str, float] | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    from yolov5_smddp import distributed
+    from yolov5_smddp.errors import ConfigError
+
+    if args.imgsz < 32 or args.imgsz % 32:
+        raise ConfigError(f"--imgsz={args.imgsz} must be a multiple of 32")
+    info = distributed.detect_dist_info(os.environ)
+    try:
+        return _validate(args, info)
+    finally:
+        distributed.destroy()
+
+
+def _validate(args: argparse.Namespace, info) -> int:
     import torch
 
+    from yolov5_smddp import distributed
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
-    from yolov5_smddp.data.loader import build_dataloader
+    from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.telemetry import emit, metric_line
+    from yolov5_smddp.valshard import split_summary
 
-    if args.imgsz < 32 or args.imgsz % 32:
-        raise ConfigError(f"--imgsz={args.imgsz} must be a multiple of 32")
+    main = info.rank == 0
+    if info.distributed:
+        backend, device_type = distributed.resolve(
+            args.backend,
+            torch.cuda.is_available(),
+            distributed.smddp_importable,
+            prefer_smddp=info.prefer_smddp,
+        )
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = resolve_amp(args.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
     data = load_data_config(args.data)
@@ -136,29 +184,23 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers or 1,
         max_pixels=args.max_image_pixels,
     )
+    if info.distributed:  # after the scan: a long scan never runs inside the store's timeout
+        device = distributed.init(info, backend, device_type, args.dist_timeout)
     model = load_model(args.weights, device=device).eval()
     if model.nc != data.nc:
         raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
-    dataset = YoloDataset(
+    loader = build_val_loader(
         index,
         args.imgsz,
-        augment=False,
-        hyp=None,
-        rect=True,
         batch_size=args.batch_size,
         stride=int(model.stride.max()),
-        pad=0.5,
-    )
-    loader = build_dataloader(
-        dataset,
-        batch_size=args.batch_size,
-        rank=0,
-        world_size=1,
         workers=args.workers,
-        shuffle=False,
-        seed=0,
-        drop_last=False,
+        rank=info.rank,
+        world_size=info.world_size,
     )
+    dataset = loader.dataset
+    if main:
+        log.info("val: %s", split_summary(len(dataset), args.batch_size, info.world_size))
     image_ids = {str(p): i for i, p in enumerate(index.images)}
     detections_json: list[dict] = []
     scored: set[str] = set()
@@ -177,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
                 }
             )
 
+    started = time.perf_counter()
     metrics = evaluate(
         model,
         loader,
@@ -186,8 +229,19 @@ def run(args: argparse.Namespace) -> int:
         iou_thres=args.iou,
         max_det=args.max_det,
         on_image=collect if args.save_json else None,
+        gather=True,
     )
-    skipped = index.report.bad + dataset.undecodable_samples.value
+    seconds = time.perf_counter() - started  # rank 0: its shard, then the gather
+    if args.save_json and info.distributed:
+        # every rank's detections and scored paths, in rank order (the ids are the shared index's)
+        parts = distributed.all_gather_objects((detections_json, sorted(scored)))
+        detections_json = [d for part, _ in parts for d in part]
+        scored = {path for _, paths in parts for path in paths}
+    undecodable = torch.tensor([float(dataset.undecodable_samples.value)], device=device)
+    undecodable = int(distributed.all_reduce_sum(undecodable).item())  # every rank's share
+    if not main:
+        return 0
+    skipped = index.report.bad + undecodable
     if skipped:
         log.warning(
             "val: %d of %d images skipped (named in the 'skipped:' lines above); the metrics cover %d",
@@ -197,10 +251,18 @@ def run(args: argparse.Namespace) -> int:
         )
     emit(
         metric_line(
-            images=metrics.num_images, skipped=skipped, targets=metrics.num_targets, **metrics.to_dict()
+            images=metrics.num_images,
+            skipped=skipped,
+            targets=metrics.num_targets,
+            **metrics.to_dict(),
+            val_seconds=seconds,
         ),
         main=True,
     )
+    if args.metrics_json:
+        summary = {**metrics.to_dict(), "images": metrics.num_images, "targets": metrics.num_targets}
+        summary["val_seconds"] = seconds
+        Path(args.metrics_json).write_text(json.dumps({**summary, "skipped": skipped}), encoding="utf-8")
     if args.save_json:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)

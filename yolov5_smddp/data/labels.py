@@ -50,6 +50,14 @@ CACHE_POLICIES = ("rebuild", "strict")
 _COORD_TOLERANCE = 1e-6
 _MAX_LOGGED_PROBLEMS = 20
 _CHUNK = 128
+MAX_SCAN_WORKERS = 16  # the scan is I/O and decode-header bound; more threads stop helping
+
+
+def scan_workers(cpu_count: int) -> int:
+    """Threads for a label scan on a host with `cpu_count` CPUs (the pre-launch check and every rank)."""
+    return max(1, min(cpu_count, MAX_SCAN_WORKERS))
+
+
 _SEP_IMAGES, _SEP_LABELS = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
 
 

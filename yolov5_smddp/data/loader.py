@@ -25,9 +25,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from yolov5_smddp.data.dataset import Skipped
-from yolov5_smddp.data.worker_errors import LoaderContext, explain_worker_failure, install_sigchld_explainer
+from yolov5_smddp.data.dataset import Skipped, YoloDataset
+from yolov5_smddp.data.worker_errors import (
+    LoaderContext,
+    dead_workers,
+    explain_worker_failure,
+    install_sigchld_explainer,
+    worker_death_error,
+)
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.valshard import ContiguousSampler, shard_images
 
 log = logging.getLogger(__name__)
 _EMPTY_SIDE = 32  # an all-skipped validation batch: no images, one stride in size
@@ -145,12 +152,15 @@ class YoloLoader(DataLoader):
         context = LoaderContext(self.rank, self.num_workers, self.batch_size or 1)
         counter = getattr(self.dataset, "undecodable_samples", None)
         before = counter.value if counter is not None else 0
+        batches = None
         try:
             batches = super().__iter__()
             if self.num_workers > 0:
                 install_sigchld_explainer(context)
             yield from batches
         except Exception as exc:
+            if isinstance(exc, (EOFError, ConnectionError)) and (dead := dead_workers(batches)):
+                exc = worker_death_error(dead)  # killed while handing a batch over
             explained = explain_worker_failure(exc, context)
             if explained is None:
                 raise
@@ -216,4 +226,36 @@ def build_dataloader(
         persistent_workers=workers > 0,
         worker_init_fn=_worker_init,
         generator=generator,
+    )
+
+
+def build_val_loader(
+    index,
+    imgsz: int,
+    *,
+    batch_size: int,
+    stride: int,
+    workers: int,
+    rank: int = 0,
+    world_size: int = 1,
+    hyp: dict | None = None,
+) -> YoloLoader:
+    """The validation loader of training and of `yolov5-smddp val` for one rank: images of `index`
+    letterboxed in rectangular batches (pad 0.5 stride), no augmentation, in order; this rank's contiguous
+    block of WHOLE batches (see `valshard`), nothing padded or repeated."""
+    dataset = YoloDataset(
+        index, imgsz, augment=False, hyp=hyp, rect=True, batch_size=batch_size, stride=stride, pad=0.5
+    )
+    indices = shard_images(len(dataset), batch_size, max(world_size, 1), rank)
+    return YoloLoader(
+        dataset,
+        rank=rank,
+        batch_size=batch_size,
+        sampler=ContiguousSampler(indices),
+        num_workers=workers,
+        collate_fn=collate,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=False,
+        persistent_workers=workers > 0,
+        worker_init_fn=_worker_init,
     )

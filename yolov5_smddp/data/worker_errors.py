@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +174,31 @@ def explain_worker_failure(
         return None
     what = flat if died else f"{type(exc).__name__}: {_original_message(text)}"
     return LoaderWorkerDied(died_message(what, context, resources or read_resources()))
+
+
+def dead_workers(iterator: object, wait_s: float = 2.0) -> list[tuple[int, int]]:
+    """(pid, exit code) of the loader iterator's worker processes that exited with an error.
+
+    A worker killed while it hands a batch over (the batch's shared-memory file descriptor travels over a
+    socket) surfaces as EOFError / ConnectionResetError in the trainer rather than torch's "worker (pid)
+    is killed" error. The socket closes a moment before the process shows as exited, so poll briefly."""
+    workers = list(getattr(iterator, "_workers", None) or [])
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [(w.pid, w.exitcode) for w in workers if w.exitcode not in (None, 0)]
+        if dead or not workers or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)
+
+
+def worker_death_error(dead: list[tuple[int, int]]) -> RuntimeError:
+    """torch's wording for a dead worker, so that `explain_worker_failure` reads it the same way."""
+    pid, code = dead[0]
+    if code < 0:
+        how = f"is killed by signal: {signal.strsignal(-code) or -code}."
+    else:
+        how = f"exited unexpectedly with exit code {code}."
+    return RuntimeError(f"DataLoader worker (pid {pid}) {how}")
 
 
 def install_sigchld_explainer(context: LoaderContext) -> None:

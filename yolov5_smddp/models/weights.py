@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.release_pickle import ReleaseModel, read_release_checkpoint
 from yolov5_smddp.models.yolo import PACKAGE_CONFIGS, DetectionModel, build_model, load_model_config
@@ -55,21 +56,19 @@ class TransferReport:
         )
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def _detection_model(model: nn.Module) -> DetectionModel:
     """The DetectionModel inside a DistributedDataParallel and/or torch.compile wrapper."""
-    while not isinstance(model, DetectionModel):
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            raise TypeError(f"expected a DetectionModel, got {type(model).__name__}")
-        model = inner
-    return model
+    inner = unwrap(model)
+    if not isinstance(inner, DetectionModel):
+        raise TypeError(f"expected a DetectionModel, got {type(inner).__name__}")
+    return inner
 
 
 def save_weights(path: str | Path, model: nn.Module, *, meta: dict, half: bool = False) -> Path:
     """Write `model`'s weights in our format to `path` atomically (temp file in the same folder, fsync,
     os.replace), so a reader never sees a partial file. `meta` must be JSON-able; cfg, nc, names,
     stride and precision are added. `half` stores floating tensors as float16."""
-    model = _unwrap(model)
+    model = _detection_model(model)
     path = Path(path)
     precision = "float16" if half else "float32"
     state = {
@@ -131,7 +130,7 @@ def transfer_state(
     """Copy every tensor of `state_dict` whose key and shape match `model`'s (cast to the model's dtype
     and device); keys containing any `exclude` string are left alone. For transfer learning, e.g. a COCO
     checkpoint into an nc=3 model (the three Detect convs are skipped)."""
-    model = _unwrap(model)
+    model = _detection_model(model)
     own = model.state_dict()
     excluded = [k for k in state_dict if k in own and any(pattern in k for pattern in exclude)]
     usable = {k: v for k, v in state_dict.items() if k in own and k not in excluded}

@@ -1,4 +1,4 @@
-"""`yolov5-smddp bench scaling`: a model of multi-node data-parallel step time.
+"""A model of multi-node data-parallel step time (a research tool: `python -m bench.scaling ...` from a checkout).
 
 From the model it takes the gradient tensors (bytes each), the order the backward produces them and the
 backward work behind each of them (convolution FLOPs); from the command line the measured single-GPU step time and the
@@ -13,18 +13,22 @@ links. It then follows what PyTorch DDP does:
 3. the all-reduce time of a bucket from the ring or hierarchical algorithm (bandwidth + per-hop latency);
 4. what is still running when the backward ends is exposed: step(N) = step(1 GPU) + exposed.
 
-Every assumption is a named argument with a default; docs/PERFORMANCE.md lists them.
+Every assumption is a named argument with a default; docs/PERFORMANCE.md lists them. `bench/overlap.py`
+checks the overlap assumption (2 and 3) against real DDP processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.config import parse_int_list
+from yolov5_smddp.errors import ConfigError, UserError
+from yolov5_smddp.models.yolo import build_model
 
 MIB = 1024 * 1024
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -283,19 +287,11 @@ def gradient_profile(model, imgsz: int = WORK_IMGSZ) -> GradientProfile:
 
 def model_profile(cfg: str) -> GradientProfile:
     """`gradient_profile` of a freshly built `cfg` on the meta device (shapes only)."""
-    from yolov5_smddp.models.yolo import build_model
-
     return gradient_profile(build_model(cfg).train().to("meta"))
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
+def _node_counts(text: str) -> list[int]:
+    return parse_int_list(text, minimum=1, what="node counts")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -307,7 +303,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measured single-GPU training step time in ms (bench train)",
     )
     parser.add_argument("--batch-per-gpu", type=int, default=32, help="only for the samples/s column")
-    parser.add_argument("--nodes", type=_int_list, default=[1, 2, 4, 8], help="node counts, e.g. 1,2,4,8")
+    parser.add_argument("--nodes", type=_node_counts, default=[1, 2, 4, 8], help="node counts, e.g. 1,2,4,8")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument(
         "--inter-node-gbps",
@@ -344,22 +340,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--algorithm", choices=(*ALGORITHMS, "both"), default="both")
     parser.add_argument("--json", type=Path, default=None, help="write the predictions here")
-    parser.add_argument(
-        "--measure-overlap",
-        action="store_true",
-        help="also measure DDP overlap with 2 local Gloo processes and compare with the model",
-    )
-    parser.add_argument("--overlap-cfg", default="yolov5s.yaml")
-    parser.add_argument("--overlap-imgsz", type=int, default=128)
-    parser.add_argument("--overlap-batch", type=int, default=2)
-    parser.add_argument("--overlap-iters", type=int, default=8)
-    parser.add_argument(
-        "--overlap-emulate-device-ms",
-        type=float,
-        default=0.0,
-        help="emulate an accelerator: each step's backward also waits this long on device "
-        "kernels (sleeping, cores free for Gloo); 0 = plain CPU compute",
-    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -430,20 +410,23 @@ def run(args: argparse.Namespace) -> int:
         "assumptions": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"},
         "predictions": [asdict(p) for p in points],
     }
-    if args.measure_overlap:
-        from yolov5_smddp.bench.overlap import measure_overlap
-
-        result = measure_overlap(
-            cfg=args.overlap_cfg,
-            imgsz=args.overlap_imgsz,
-            batch=args.overlap_batch,
-            iters=args.overlap_iters,
-            emulate_device_ms=args.overlap_emulate_device_ms,
-        )
-        print(result.summary())
-        report["overlap_measurement"] = {**asdict(result), "agrees": result.agrees}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str))
         print(f"wrote {args.json}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench.scaling ARGS`: 0, or 2 with the message for a bad argument."""
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """EFA and NCCL variables for our own launcher (a SageMaker job without a `distribution`).
 
 The toolkit exports these itself only for the ranks it starts (its torchrun and mpirun runners); with no
-`distribution` our elastic launcher (`launch.run_elastic`, one process per host) starts the workers, so it
-sets them in its own environment first and the workers inherit them. `network_environment()` is pure: a
+`distribution` our elastic launcher (`launch.run_elastic`, one process per host) starts the workers, so the
+job driver adds them to the environment it hands that launcher for its workers. `network_environment()` is pure: a
 function of the instance type, the SageMaker network interface and the current environment, and it never
 replaces a variable that is already set (by the user, the image or the toolkit: the DLC's
 sagemaker-pytorch-training `training.py` `_set_nccl_environment()` already sets NCCL_SOCKET_IFNAME,

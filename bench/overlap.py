@@ -1,4 +1,5 @@
-"""Checks the scaling model's overlap assumption on this machine: 2 Gloo processes train the same model
+"""Checks the scaling model's overlap assumption on this machine (a research tool, run from a checkout:
+`python -m bench.overlap --cfg yolov5s --imgsz 128 --batch 2 --iters 8 [--emulate-device-ms MS] [--json F]`): 2 Gloo processes train the same model
 with DDP, rotating through three kinds of step: inside `no_sync()`; with DDP's gradient sync but a comm
 hook that only scales each bucket locally (`sync_local`: DDP's bucket bookkeeping, no communication); and
 with the real all-reduce of every bucket (`sync`, the same hook calling torch's default all-reduce hook).
@@ -20,18 +21,21 @@ scaling model assumes: DDP's buckets go out while the rest of the backward still
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from yolov5_smddp.bench.scaling import bucket_ready_fractions, ddp_buckets, gradient_profile, simulate_overlap
+from bench.scaling import bucket_ready_fractions, ddp_buckets, gradient_profile, simulate_overlap
 
 WARMUP_STEPS = 2  # DDP rebuilds its buckets in gradient-ready order after the first iteration
 COMM_REPEATS = 5
@@ -186,7 +190,7 @@ def _worker(
         launcher="torchrun",
         use_libuv=os.environ.get("USE_LIBUV", "1") != "0",
     )
-    distributed.init(info, "gloo", timeout_s=600)  # the trainer's own process-group setup
+    distributed.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
     try:
         torch.manual_seed(0)
         model = build_model(cfg).train()
@@ -336,3 +340,38 @@ def summarise(
         predicted_with_contention_ms=contention_estimate(predicted.exposed_s, predicted.comm_s, host_share)
         * 1e3,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.overlap ARGS`: measure, print the comparison, optionally write it as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m bench.overlap", description=__doc__.splitlines()[0])
+    parser.add_argument("--cfg", default="yolov5s.yaml")
+    parser.add_argument("--imgsz", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=2, help="images per rank")
+    parser.add_argument("--iters", type=int, default=8, help="steps of each kind")
+    parser.add_argument(
+        "--emulate-device-ms",
+        type=float,
+        default=0.0,
+        help="emulate an accelerator: each step's backward also waits this long on device "
+        "kernels (sleeping, cores free for Gloo); 0 = plain CPU compute",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the measurement here")
+    args = parser.parse_args(argv)
+    result = measure_overlap(
+        cfg=args.cfg,
+        imgsz=args.imgsz,
+        batch=args.batch,
+        iters=args.iters,
+        emulate_device_ms=args.emulate_device_ms,
+    )
+    print(result.summary())
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({**dataclasses.asdict(result), "agrees": result.agrees}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

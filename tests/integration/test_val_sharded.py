@@ -1,0 +1,195 @@
+"""`yolov5-smddp val` sharded over 2 ranks (torchrun + Gloo, torchrun + the smddp stand-in, mpirun + Gloo)
+gives EXACTLY the metrics of one process; and training's `final` numbers are best.pt's."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from child_env import REPO, child_env, free_port
+
+HERE = Path(__file__).parent
+STANDIN = REPO / "tests" / "standin_smddp"
+KEYS = ("precision", "recall", "mAP50", "mAP50-95", "fitness", "images", "targets")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """30 val images and a random yolov5n (with random weights it still makes detections of every kind:
+    some true positives at IoU 0.5, many false ones)."""
+    from yolov5_smddp.data.synthetic import CLASS_NAMES, make_default_dataset
+    from yolov5_smddp.models.weights import save_weights
+    from yolov5_smddp.models.yolo import build_model
+
+    root = tmp_path_factory.mktemp("valshard")
+    data = make_default_dataset(root / "data", n_train=4, n_val=30, imgsz=128, seed=3)
+    torch.manual_seed(0)
+    save_weights(root / "w.pt", build_model("yolov5n", nc=len(CLASS_NAMES)), meta={})
+    return root, data
+
+
+def _val_args(root: Path, data: Path, metrics: Path, *extra: str) -> list[str]:
+    return [
+        "-m",
+        "yolov5_smddp",
+        "val",
+        "--weights",
+        str(root / "w.pt"),
+        "--data",
+        str(data),
+        "--imgsz",
+        "128",
+        "--batch-size",
+        "5",
+        "--workers",
+        "0",
+        "--cache-dir",
+        str(root / "cache"),
+        "--metrics-json",
+        str(metrics),
+        *extra,
+    ]
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> str:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def single(setup) -> dict:
+    root, data = setup
+    out = _run([sys.executable, *_val_args(root, data, root / "one.json")], child_env())
+    assert "val: 30 of 30 images on 1 rank" in out
+    metrics = json.loads((root / "one.json").read_text())
+    assert metrics["images"] == 30 and metrics["mAP50"] > 0 and metrics["recall"] > 0  # non-trivial
+    return metrics
+
+
+def _torchrun(root: Path, data: Path, name: str, backend: str, env: dict[str, str]) -> dict:
+    cmd = [
+        sys.executable,
+        str(HERE / "torchrun_nolibuv.py"),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "--no-python",
+        sys.executable,
+        *_val_args(root, data, root / name, "--backend", backend),
+    ]
+    out = _run(cmd, env)
+    assert "val: 15 of 30 images on each of 2 ranks" in out
+    assert out.count("mAP50-95=") == 1  # rank 0 alone prints the metric line
+    return json.loads((root / name).read_text())
+
+
+def test_two_ranks_gloo_equal_one_process_exactly(setup, single):
+    root, data = setup
+    two = _torchrun(root, data, "gloo.json", "gloo", child_env())
+    assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
+
+
+def test_two_ranks_smddp_standin_equal_one_process_exactly(setup, single):
+    root, data = setup
+    two = _torchrun(root, data, "smddp.json", "smddp", child_env(STANDIN))
+    assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_two_ranks_mpirun_equal_one_process_exactly(setup, single):
+    root, data = setup
+    env = child_env()
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+    for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
+        cmd += ["-x", name]
+    out = _run(cmd + [sys.executable, *_val_args(root, data, root / "mpi.json", "--backend", "gloo")], env)
+    assert "val: 15 of 30 images on each of 2 ranks" in out
+    two = json.loads((root / "mpi.json").read_text())
+    assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
+
+
+def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
+    """2 ranks over Gloo train 2 epochs with sharded validation; `final` in metrics.json and the last
+    metric line are best.pt's: equal to one process validating model/best.pt with the same batches."""
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    data = make_default_dataset(tmp_path / "data", n_train=16, n_val=20, imgsz=128, seed=4)
+    out = tmp_path / "run"
+    train = [
+        "-m",
+        "yolov5_smddp",
+        "train",
+        "--cfg",
+        "yolov5n",
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--workers",
+        "0",
+        "--backend",
+        "gloo",
+        "--model-dir",
+        str(out / "model"),
+        "--output-dir",
+        str(out / "output"),
+        "--checkpoint-dir",
+        str(out / "ckpt"),
+        "--cache-dir",
+        str(out / "cache"),
+    ]
+    cmd = [
+        sys.executable,
+        str(HERE / "torchrun_nolibuv.py"),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "--no-python",
+        sys.executable,
+        *train,
+    ]
+    stdout = _run(cmd, child_env())
+    assert "val: images per rank 16/4 of 20 on 2 ranks" in stdout  # val batches of 2 x 4
+    final = json.loads((out / "model" / "metrics.json").read_text())["final"]
+    metric_lines = [line for line in stdout.splitlines() if "mAP50-95=" in line]
+    assert metric_lines[-1].startswith("final=1 ")
+
+    # one process, the written best.pt, the trainer's val batch size (2 x per-rank batch)
+    val = [
+        sys.executable,
+        "-m",
+        "yolov5_smddp",
+        "val",
+        "--weights",
+        str(out / "model" / "best.pt"),
+        "--data",
+        str(data),
+        "--imgsz",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "0",
+        "--cache-dir",
+        str(out / "cache"),
+        "--metrics-json",
+        str(tmp_path / "best.json"),
+    ]
+    _run(val, child_env())
+    alone = json.loads((tmp_path / "best.json").read_text())
+    keys = ("precision", "recall", "mAP50", "mAP50-95", "fitness")
+    assert {k: final[k] for k in keys} == {k: alone[k] for k in keys}
+    assert f"mAP50-95={final['mAP50-95']:.6g}" in metric_lines[-1]

@@ -1,0 +1,95 @@
+"""The dataset as the job's channels give it: data.yaml rebased onto the `training` channel (and a
+`validation` channel), and one label scan of both splits before any worker starts."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import yaml
+
+from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.data.config import load_data_config
+from yolov5_smddp.data.labels import build_label_index, scan_workers
+from yolov5_smddp.errors import DataError
+from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, SageMakerEnv, channel
+
+log = logging.getLogger(__name__)
+
+
+def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
+    """The data.yaml the workers read, rebased onto the training channel; None = the embedded dataset.
+
+    With a `training`/`train` channel: `data` (default data.yaml) is relative to the channel, its `path`
+    is replaced by the channel folder, and a `validation`/`val` channel replaces `val`. The rebased copy is
+    written to the cache folder (channels are read-only; output/ is uploaded). Without a channel, `data`
+    is used as given. Raises DataError naming the channel for a missing or invalid data.yaml.
+    """
+    train_channel = channel(env, TRAIN_CHANNELS)
+    val_channel = channel(env, VAL_CHANNELS)
+    if train_channel is None:
+        if val_channel is not None:
+            raise DataError(f"a validation channel ({val_channel}) was given without a 'training' channel")
+        return Path(data) if data else None
+    if not train_channel.is_dir():
+        raise DataError(f"training channel {train_channel} is not a folder (is the channel mounted?)")
+    yaml_path = train_channel / (data or "data.yaml")
+    if not yaml_path.is_file():
+        found = sorted(p.name for p in train_channel.glob("*.yaml"))
+        hint = (
+            f" (YAML files there: {', '.join(found)}; pass --data NAME)"
+            if found
+            else " (put a data.yaml with train/val/names at the channel's top level, or pass --data PATH relative to it)"
+        )
+        raise DataError(f"training channel {train_channel}: {yaml_path.name} not found{hint}")
+    config = load_data_config(yaml_path, root_override=train_channel)
+    val = [str(p) for p in config.val]
+    if val_channel is not None:
+        if not val_channel.is_dir():
+            raise DataError(f"validation channel {val_channel} is not a folder (is the channel mounted?)")
+        val = [str(val_channel)]
+    rebased = {
+        "path": str(config.root),
+        "train": [str(p) for p in config.train],
+        "val": val,
+        "names": list(config.names),
+        "nc": config.nc,
+    }
+    if config.test:
+        rebased["test"] = [str(p) for p in config.test]
+    out = env.cache_dir / "data" / "data.yaml"
+    with atomic_write(out, "w", encoding="utf-8") as handle:
+        handle.write(yaml.safe_dump(rebased, sort_keys=False))
+    log.info("data: %s rebased onto channel %s -> %s", yaml_path, train_channel, out)
+    return out
+
+
+def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pixels: int) -> None:
+    """Scan train and val labels once before any worker starts, as the workers will (stale/foreign caches
+    are reported and ignored, our cache is written to `cache_dir`, so the workers load it). Raises
+    DataError when a split has no usable image; the message names the folder."""
+    config = load_data_config(data_yaml)
+    for split, sources in (("train", config.train), ("val", config.val)):
+        index = build_label_index(
+            sources,
+            nc=config.nc,
+            root=config.root,
+            cache_policy="rebuild",
+            cache_dir=cache_dir,
+            workers=scan_workers(env.num_cpus),
+            max_pixels=max_pixels,
+        )
+        r = index.report
+        log.info(
+            "dataset check %s (%s): %d images, %d usable, %d missing labels, %d empty, %d bad, %d boxes; "
+            "cache %s",
+            split,
+            ", ".join(str(s) for s in sources),
+            r.found,
+            r.usable,
+            r.missing_labels,
+            r.empty_labels,
+            r.bad,
+            r.boxes,
+            r.cache,
+        )

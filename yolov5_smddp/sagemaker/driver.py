@@ -1,0 +1,180 @@
+"""The program behind entrypoint.py: options → environment → dataset check → launch, and the exit contract.
+
+`main(argv, environ)` never raises for a training failure: it returns the exit code (see failure.py).
+`run_job()` never writes os.environ: a worker in this process gets its place (`DistInfo`) directly, the
+elastic launcher gets the environment for its workers (`worker_environment`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from yolov5_smddp import launch
+from yolov5_smddp.commands.train import main as train_main
+from yolov5_smddp.config import parse_train_args
+from yolov5_smddp.distributed import DistInfo, detect_dist_info
+from yolov5_smddp.errors import EXIT_INTERRUPTED
+from yolov5_smddp.hyp_options import fold_hyp_options
+from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml
+from yolov5_smddp.sagemaker.efa import network_environment
+from yolov5_smddp.sagemaker.env import SageMakerEnv, default_failure_file, read_environment
+from yolov5_smddp.sagemaker.failure import report_failure
+
+log = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Options of the entrypoint itself; everything else goes to `yolov5-smddp train`."""
+    parser = argparse.ArgumentParser(
+        prog="entrypoint.py",
+        allow_abbrev=False,
+        description="SageMaker entry: reads the SageMaker contract, checks the dataset, starts the workers. "
+        "Any option not listed here is a training hyperparameter (see `yolov5-smddp train -h`).",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="put model/, output/ and checkpoints/ under this folder instead of /opt/ml",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=str,
+        default=None,
+        help="workers per host (default: one per GPU, one on a CPU host)",
+    )
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=str,
+        default=None,
+        help="rendezvous port on the first host (default 7777, or MASTER_PORT)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Runs the job; returns the process exit code (never raises for a training failure)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    environ = os.environ if environ is None else environ
+    argv = list(sys.argv[1:] if argv is None else argv)
+    failure_file = default_failure_file(environ)
+    try:
+        own, train_args = build_parser().parse_known_args(argv)
+        env = read_environment(environ, output_root=own.output)
+        failure_file = env.failure_file
+        return run_job(env, own, train_args, environ)
+    except BaseException as exc:  # noqa: B036 - the exit contract: every failure gets a reason and an exit code
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return 0
+        return report_failure(exc, failure_file)
+
+
+def _given(args: Sequence[str], option: str) -> bool:
+    """Whether `--option` (either spelling, `--opt v` or `--opt=v`) is among `args`."""
+    spellings = {"--" + option, "--" + option.replace("-", "_")}
+    return any(a in spellings or a.split("=", 1)[0] in spellings for a in args)
+
+
+def location_args(env: SageMakerEnv, train_args: Sequence[str]) -> list[str]:
+    """The training options for the SageMaker folders, for each one the user did not set."""
+    locations = {
+        "model-dir": env.model_dir,
+        "output-dir": env.output_data_dir,
+        "checkpoint-dir": env.checkpoint_dir,
+        "cache-dir": env.cache_dir,
+        "tensorboard-dir": env.tensorboard_dir,
+    }
+    out: list[str] = []
+    for option, path in locations.items():
+        if not _given(train_args, option):
+            out += [f"--{option}", str(path)]
+    return out
+
+
+def worker_environment(environ: Mapping[str, str], network: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the elastic launcher's workers (pure): `environ` plus the EFA/NCCL variables
+    `network` (the toolkit sets those only for the ranks it starts); a variable already set is kept."""
+    return {**network, **environ}
+
+
+def worker_info(info: DistInfo, plan: launch.LaunchPlan) -> DistInfo:
+    """Where the worker in this process sits: `info`, with the port every rank agreed on (--master-port)."""
+    return dataclasses.replace(info, master_port=plan.master_port)
+
+
+def _local_gpu_count(env: SageMakerEnv) -> int:
+    if env.num_gpus is not None:
+        return env.num_gpus
+    import torch  # only without SM_NUM_GPUS (local runs): a bad option fails before torch's import
+
+    return torch.cuda.device_count()
+
+
+def run_job(
+    env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], environ: Mapping[str, str]
+) -> int:
+    """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
+    train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
+    config = parse_train_args(train_args)  # ConfigError naming the option, before any work
+    info = detect_dist_info(environ, default_master=env.master_addr, hosts_in_job=len(env.hosts))
+    plan = launch.decide_launch(
+        info,
+        hosts=env.hosts,
+        current_host=env.current_host,
+        num_gpus=_local_gpu_count(env),
+        nproc_per_node=own.nproc_per_node,
+        master_port=own.master_port,
+    )
+    log.info(
+        "launch: %s, %d host(s) x %d worker(s), this host %s (node %d), master %s:%d",
+        plan.mode,
+        plan.nnodes,
+        plan.nproc_per_node,
+        env.hosts[plan.node_rank],  # not SM_CURRENT_HOST: the toolkit's mpirun gives every rank algo-1's
+        plan.node_rank,
+        plan.master_addr,
+        plan.master_port,
+    )
+    data_yaml = prepare_data_yaml(env, config.data)
+    if data_yaml is not None and plan.local_rank == 0:
+        cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
+        check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
+    worker_args = list(train_args) + location_args(env, train_args)
+    if env.job_name and not _given(train_args, "run-name"):
+        worker_args += ["--run-name", env.job_name]  # names the MLflow run (mlflow_log)
+    if data_yaml is not None:
+        worker_args += ["--data", str(data_yaml)]
+    for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+
+    if plan.in_process:
+        code = int(train_main(worker_args, info=worker_info(info, plan)) or 0)
+    else:
+        network = network_environment(env.instance_type, env.network_interface, environ)
+        log.info("%s", network.log_line(env.instance_type))
+        code = launch.run_elastic(
+            plan,
+            worker_args,
+            run_id=env.job_name or "yolov5-smddp",
+            environ=worker_environment(environ, network.added),
+        )
+    if code == EXIT_INTERRUPTED:
+        raise launch.WorkerFailed(
+            f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
+            f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
+            "same checkpoint folder resumes from it",
+            code,
+        )
+    if code != 0:
+        raise launch.WorkerFailed(f"training exited with code {code}; its error is in the log above", code)
+    return 0
