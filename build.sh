@@ -187,9 +187,10 @@ cmd_test() {
         python3 -m venv "$venv" || die "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)"
     fi
     # docker: the Docker SDK for Python (7.1 is the first to work with requests >= 2.32; it negotiates the
-    # engine's API version, so Docker Engine 20.10 to 28 all do).
+    # engine's API version, so Docker Engine 20.10 to 28 all do). sagemaker: the SageMaker Python SDK v2 whose
+    # local mode tests/docker/test_sdk_local.py drives (it needs `docker compose` or `docker-compose`).
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7" "pyyaml>=6" "docker>=7.1,<8" \
-        || die "pip install pytest pyyaml docker failed"
+        "sagemaker~=2.257.0" || die "pip install pytest pyyaml docker sagemaker failed"
     run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q -m docker tests/docker
     echo "== all tests passed in $((SECONDS - start)) s" >&2

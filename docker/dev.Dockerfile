@@ -1,7 +1,11 @@
 # Development/test layer on the stand-in base: the project's test tools. The source is mounted at /src.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
-RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
+# mlflow-skinny: as in docker/test.Dockerfile (Debian's typing_extensions/certifi are too old and pip cannot
+# uninstall them, so newer ones go beside them in /usr/local).
+RUN python3 -m pip install --no-cache-dir -q "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7" \
+    && python3 -m pip install --no-cache-dir -q --ignore-installed "typing_extensions>=4.14" "certifi>=2025.8" \
+    && python3 -m pip install --no-cache-dir -q "mlflow-skinny==3.18.*"
 # export / serving / plots tests: ONNX export and onnxruntime (pinned); matplotlib comes with the base (the
 # stand-in's python3-matplotlib) and is installed, pinned, only where it is missing
 RUN python3 -m pip install --no-cache-dir -q "onnx==1.18.0" "onnxruntime==1.22.0" \

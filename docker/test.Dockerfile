@@ -2,8 +2,14 @@
 # mounted at /src; `./build.sh test` runs ruff and the unit/integration tests in it.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
+# mlflow-skinny (tests/unit/test_mlflow_log.py reads runs back from a real file store) needs newer
+# typing_extensions and certifi than Debian's, which pip cannot uninstall: put those beside them in /usr/local.
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
-        "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7"
+        "pytest>=7" "ruff==0.17.6" "pycocotools>=2.0.7" \
+    && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
+        --ignore-installed "typing_extensions>=4.14" "certifi>=2025.8" \
+    && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
+        "mlflow-skinny==3.18.*"
 # export / serving / plots tests: ONNX export and onnxruntime (pinned); matplotlib comes with the base (the
 # DLC through fastai, the stand-in as python3-matplotlib) and is installed, pinned, only where it is missing
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \

@@ -371,6 +371,8 @@ class TrainConfig:
     /tmp/yolov5-smddp-cache."""
     tensorboard_dir: str | None = option(None)
     """TensorBoard event files (optional; needs the tensorboard package)."""
+    run_name: str | None = option(None, help="MLflow run name (SageMaker: the job name)")
+    """the MLflow run's name (mlflow_log); on SageMaker the driver passes the training job's name."""
     dist_timeout: float = option(1800.0, help="collective timeout in seconds")
     """collective timeout in seconds."""
     val_conf: float = option(0.001)

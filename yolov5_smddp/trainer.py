@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, distributed, plots
+from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -575,10 +575,11 @@ def end_epoch(
     seconds: float,
     board,
     recorder: plots.ValidationPlots | None = None,
+    tracking: mlflow_log.MlflowRun | None = None,
 ) -> None:
     """Rank 0 after epoch `state.epoch` (1-based: the epoch just finished): fitness and early-stop count,
     the results row, the metric line, the checkpoint (best too when it improved), results.csv, the plots
-    (results.png; the validation plots from `recorder` when this epoch validated), TensorBoard."""
+    (results.png; the validation plots from `recorder` when this epoch validated), TensorBoard, MLflow."""
     names = list(unwrap(run.model).names)
     improved = metrics is not None and metrics.fitness > state.best_fitness
     if improved:
@@ -625,6 +626,8 @@ def end_epoch(
         if not run.config.noplots:
             plots.add_to_tensorboard(board, run.dirs.output_dir, state.epoch)
         board.flush()
+    if tracking is not None:
+        tracking.log_epoch(state.epoch, row)
 
 
 @dataclass
@@ -635,7 +638,13 @@ class EpochsOutcome:
 
 
 def run_epochs(
-    run: Run, state: checkpoint.RunState, step: TrainStep, train_loader, val_loader, bundle: DataBundle
+    run: Run,
+    state: checkpoint.RunState,
+    step: TrainStep,
+    train_loader,
+    val_loader,
+    bundle: DataBundle,
+    tracking: mlflow_log.MlflowRun | None = None,
 ) -> EpochsOutcome:
     """The epochs from `state.epoch`: train, validate with the EMA (every rank its shard), end the epoch
     on rank 0, stop early or on SIGTERM (rank 0 decides for every rank). `bundle` gives the plots the
@@ -705,7 +714,16 @@ def run_epochs(
                     recorder.gather()  # every rank: rank 0's confusion matrix and curves cover every image
             state.epoch = epoch + 1
             if main:
-                end_epoch(run, state, result, metrics, time.perf_counter() - epoch_started, board, recorder)
+                end_epoch(
+                    run,
+                    state,
+                    result,
+                    metrics,
+                    time.perf_counter() - epoch_started,
+                    board,
+                    recorder,
+                    tracking,
+                )
                 outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
             # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
             stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
@@ -800,9 +818,14 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
             plots.write_labels_plot(dirs.output_dir, bundle.train_index.labels, bundle.names)
 
     # -- the epochs, then the final outputs on rank 0
-    outcome = run_epochs(run, state, step, train_loader, val_loader, bundle)
+    tracking = (
+        mlflow_log.start({**config.to_dict(), "hyp": run.hyp}, run_name=config.run_name) if run.main else None
+    )
+    outcome = run_epochs(run, state, step, train_loader, val_loader, bundle, tracking)
     if run.main and not outcome.interrupted:
         write_final_outputs(run, state, outcome, started)
+    if tracking is not None:  # after best.pt is written: it is one of the artefacts
+        tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
     distributed.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
 

@@ -21,7 +21,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 suite="${STANDIN_SUITE:-trixie}"
 mirror="${STANDIN_MIRROR:-http://deb.debian.org/debian}"
 base_image="${STANDIN_BASE_IMAGE:-debian:${suite}-slim}"
-recipe=(Dockerfile packages.txt pip-requirements.txt setup.sh start_with_right_hostname.sh)
+recipe=(Dockerfile packages.txt pip-requirements.txt setup.sh start_with_right_hostname.sh torch_without_libuv.py)
 
 die() { echo "error: $*" >&2; exit 1; }
 ctx="" root=""  # the dockerfile path's build context, the debootstrap path's root: removed on exit
@@ -93,7 +93,7 @@ build_with_debootstrap() {
     else
         : > "$root/usr/local/share/yolov5-smddp-standin/host-ca.crt"
     fi
-    (cd "$here" && cp packages.txt pip-requirements.txt setup.sh start_with_right_hostname.sh "$root/tmp/standin/")
+    (cd "$here" && cp "${recipe[@]:1}" "$root/tmp/standin/")  # all but the Dockerfile
     mount -t proc proc "$root/proc"
     mount --bind /dev/pts "$root/dev/pts"
     mount -t sysfs sys "$root/sys"

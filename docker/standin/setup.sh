@@ -37,5 +37,17 @@ mkdir -p /opt/ml/code /opt/ml/input/config /opt/ml/model /opt/ml/output
 ln -s /usr/bin/prted /usr/local/bin/orted
 install -m 0755 "$src/start_with_right_hostname.sh" /usr/local/bin/start_with_right_hostname.sh
 
+# Debian's torch has no libuv, the DLC's has. The image's ENV USE_LIBUV=0 does not reach the ranks that the
+# toolkit's mpirun starts over ssh, and the toolkit's torchrun ignores it: a module that every Python process
+# imports (through a .pth file) makes each TCPStore without libuv. Checked here with a store that asks for it.
+site_dir="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+install -D -m 0644 "$src/torch_without_libuv.py" "$site_dir/yolov5_smddp_standin_nolibuv.py"
+echo "import yolov5_smddp_standin_nolibuv" > "$site_dir/yolov5_smddp_standin_nolibuv.pth"
+env -u USE_LIBUV python3 -c 'import datetime, os, torch.distributed as d
+s = d.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=30), use_libuv=True)
+s.set("k", "v")
+assert s.get("k") == b"v" and not s.libuvBackend and os.environ["USE_LIBUV"] == "0"
+print("[standin] TCPStore without libuv: ok")'
+
 apt-get clean
 rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* /tmp/*

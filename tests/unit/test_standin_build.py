@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 STANDIN = Path(__file__).resolve().parents[2] / "docker" / "standin"
-RECIPE = ["Dockerfile", "packages.txt", "pip-requirements.txt", "setup.sh", "start_with_right_hostname.sh"]
+RECIPE = [
+    "Dockerfile",
+    "packages.txt",
+    "pip-requirements.txt",
+    "setup.sh",
+    "start_with_right_hostname.sh",
+    "torch_without_libuv.py",
+]
 
 FAKE_DOCKER = """#!/usr/bin/env bash
 echo "$*" >> "$FAKE_DOCKER_LOG"

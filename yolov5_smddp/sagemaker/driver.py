@@ -150,6 +150,8 @@ def run_job(
         cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
         check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
     worker_args = list(train_args) + location_args(env, train_args)
+    if env.job_name and not _given(train_args, "run-name"):
+        worker_args += ["--run-name", env.job_name]  # names the MLflow run (mlflow_log)
     if data_yaml is not None:
         worker_args += ["--data", str(data_yaml)]
     for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
@@ -163,7 +165,7 @@ def run_job(
         code = launch.run_elastic(
             plan,
             worker_args,
-            run_id=environ.get("TRAINING_JOB_NAME") or "yolov5-smddp",
+            run_id=env.job_name or "yolov5-smddp",
             environ=worker_environment(environ, network.added),
         )
     if code == EXIT_INTERRUPTED:

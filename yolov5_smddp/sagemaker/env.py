@@ -60,6 +60,8 @@ class SageMakerEnv:
     """User hyperparameters (the `sagemaker_*` keys removed)."""
     framework_params: dict[str, object] = field(default_factory=dict)
     """The `sagemaker_*` hyperparameters (distribution flags, instance type)."""
+    job_name: str | None = None
+    """$TRAINING_JOB_NAME (set by SageMaker and by the SDK's local mode); None outside a training job."""
     instance_type: str | None = None
     network_interface: str = "eth0"
     on_sagemaker: bool = False
@@ -213,6 +215,7 @@ def read_environment(
         checkpoint_dir=checkpoint_dir,
         hyperparameters=user_hps,
         framework_params=dict(framework),
+        job_name=environ.get("TRAINING_JOB_NAME") or None,
         instance_type=str(instance_type) if instance_type else None,
         network_interface=environ.get("SM_NETWORK_INTERFACE_NAME")
         or resource.get("network_interface_name")
