@@ -92,6 +92,9 @@ def test_model_contract_attributes_and_overrides():
         pred, _ = model(torch.rand(1, 3, 64, 96))
     assert pred.shape == (1, 3 * (96 + 24 + 6), 8)
     assert ((pred[..., 4:] >= 0) & (pred[..., 4:] <= 1)).all()
+    with torch.no_grad():  # a validation batch whose every image was left out (undecodable)
+        empty, _ = model(torch.rand(0, 3, 64, 96))
+    assert empty.shape == (0, 3 * (96 + 24 + 6), 8) and empty.dtype == torch.float32
 
 
 def test_detect_bias_prior_for_training_from_scratch():

@@ -70,6 +70,8 @@ class Detect(nn.Module):
 
     def _decode_float32(self, level: int, raw: torch.Tensor) -> torch.Tensor:
         batch, na, ny, nx, _ = raw.shape
+        if batch == 0:  # a validation batch whose every image was undecodable (left out by collate)
+            return raw.new_zeros((0, na * ny * nx, self.no))
         stride = self.strides[level]
         # cell indices from the tensor itself, not torch.arange(device=...): a traced TorchScript / ONNX
         # graph then holds no device constant and runs on CPU and GPU alike (exact integers in float)
