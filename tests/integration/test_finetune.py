@@ -6,7 +6,6 @@ fit stops with exit code 2; long thin boxes get fitted anchors, which survive fi
 from __future__ import annotations
 
 import csv
-import os
 import re
 import subprocess
 import sys
@@ -15,29 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from child_env import child_env
 from easy_shapes import make_easy_dataset
 from release_checkpoint import release_yaml, save_release_checkpoint
 
 from yolov5_smddp.models.weights import load_model, load_weights
 from yolov5_smddp.models.yolo import load_model_config
 
-REPO = Path(__file__).parent.parent.parent
 IMGSZ = "64"
 PRETRAIN_EPOCHS = "30"  # 300 steps: mAP50 0.94 on set A's val (measured)
 MARGIN = 0.4  # first-epoch mAP50: fine-tuned minus from scratch
 
 pytestmark = pytest.mark.slow
-
-
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _train(out: Path, *options: str) -> subprocess.CompletedProcess:
@@ -46,7 +34,7 @@ def _train(out: Path, *options: str) -> subprocess.CompletedProcess:
     for folder in ("model", "output", "checkpoint"):
         command += [f"--{folder}-dir", str(out / folder)]
     return subprocess.run(
-        [*command, *options], env=_env(), capture_output=True, text=True, timeout=900, cwd=out.parent
+        [*command, *options], env=child_env(), capture_output=True, text=True, timeout=900, cwd=out.parent
     )
 
 
