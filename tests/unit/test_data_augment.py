@@ -92,7 +92,7 @@ def test_kept_boxes_enclose_their_objects(tmp_path, hyp, partners):
     )
     checked = 0
     for k in range(12):
-        img, targets, _path, _shapes = ds[k % len(ds)]
+        img, targets, _path, _shapes, _color = ds[k % len(ds)]
         assert img.dtype == np.uint8 and img.shape == (3, 96, 96)
         assert targets.dtype == np.float32 and targets.shape[1] == 6
         assert (targets[:, 2:] >= 0).all() and (targets[:, 2:] <= 1).all()
@@ -104,7 +104,7 @@ def test_val_letterbox_shapes_undo_to_original_pixels(tmp_path):
     index = _dataset(tmp_path)
     ds = YoloDataset(index, 64, augment=False, hyp=None, rect=True, batch_size=2)
     for i in range(len(ds)):
-        img, targets, path, ((h0, w0), ratio_pad) = ds[i]
+        img, targets, path, ((h0, w0), ratio_pad), _color = ds[i]
         _, h, w = img.shape
         assert h % 32 == 0 and w % 32 == 0 and max(h, w) == 64
         cls = int(targets[0, 1])
@@ -183,7 +183,7 @@ def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):
         workers=1,
     )
     ds = YoloDataset(index, 96, augment=False, hyp=None)  # 400 px >= 4 x 96: a 1/4-scale JPEG decode
-    out, targets, _path, ((h0, w0), ((gain_h, gain_w), pad)) = ds[0]
+    out, targets, _path, ((h0, w0), ((gain_h, gain_w), pad)), _color = ds[0]
     assert out.shape == (3, 96, 96) and (h0, w0) == (300, 400)
     assert gain_w == pytest.approx(96 / 400) and gain_h == pytest.approx(72 / 300) and pad == (0.0, 12.0)
     assert _check_enclosed(out, targets) == 1

@@ -194,7 +194,7 @@ def _batches(n):
     g = torch.Generator().manual_seed(0)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.4]])
     return [
-        (torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), ())
+        (torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), (), None)
         for _ in range(n)
     ]
 

@@ -249,15 +249,21 @@ def random_flips(
     img: np.ndarray, labels_xywhn: np.ndarray, p: AugmentParams, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flip up-down with probability flipud and left-right with fliplr; labels [n, 5] (cls, xywh normalised)."""
-    labels = labels_xywhn.copy()
     up_down, left_right = rng.random() < p.flipud, rng.random() < p.fliplr
+    labels = flip_labels(labels_xywhn, up_down, left_right)
+    if up_down or left_right:
+        img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
+    return img, labels
+
+
+def flip_labels(labels_xywhn: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:
+    """[n, 5] (cls, xc, yc, w, h normalised) as they are after the image is flipped (a copy)."""
+    labels = labels_xywhn.copy()
     if up_down:
         labels[:, 2] = 1 - labels[:, 2]
     if left_right:
         labels[:, 1] = 1 - labels[:, 1]
-    if up_down or left_right:
-        img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
-    return img, labels
+    return labels
 
 
 def mixup(
