@@ -212,26 +212,32 @@ def step_settings(
     batches_per_epoch: int,
     hyp: dict,
     cosine: bool,
-    nominal_accumulate: int,
+    nominal_ratio: float,
 ) -> StepSettings:
     """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`: a pure
     function of (iteration, epoch), so a resumed run trains with the same values as an uninterrupted one.
 
-    During warmup (iteration < warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0,
-    momentum warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor(epoch),
-    momentum, nominal_accumulate); afterwards they are lr0 * lr_factor(scheduled_epoch(...)): one epoch
-    behind after the epoch where warmup ends, as the release's scheduler runs.
+    `nominal_ratio` is the nominal batch (64) / the global batch: after warmup a step accumulates
+    max(round(nominal_ratio), 1) micro-steps. During warmup (iteration < warmup_iters) values go linearly
+    from (bias lr warmup_bias_lr, other lrs 0, momentum warmup_momentum, accumulate 1) to the epoch's
+    scheduled values (lr0 * lr_factor(epoch), momentum, and the UNROUNDED nominal_ratio: the
+    accumulation is the interpolation rounded half to even, as the release's np.interp(...).round(), so
+    with a batch that does not divide 64 it changes at the same iterations); afterwards they are lr0 *
+    lr_factor(scheduled_epoch(...)): one epoch behind after the epoch where warmup ends, as the
+    release's scheduler runs.
     """
     if iteration >= warmup_iters:
         at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
         lr = hyp["lr0"] * lr_factor(at, epochs, hyp["lrf"], cosine)
-        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal_accumulate)
+        nominal = max(round(nominal_ratio), 1)
+        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal)
     lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
     t = iteration / warmup_iters
     bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
     other = t * lr
     momentum = hyp["warmup_momentum"] + t * (hyp["momentum"] - hyp["warmup_momentum"])
-    accumulate = max(1, round(1 + t * (nominal_accumulate - 1)))
+    # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
+    accumulate = max(1, round((nominal_ratio - 1) / warmup_iters * iteration + 1))
     return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
 
 

@@ -491,7 +491,7 @@ class Run:
             batches_per_epoch=self.batches_per_epoch,
             hyp=self.hyp,
             cosine=self.config.cos_lr,
-            nominal_accumulate=self.stack.accumulate,
+            nominal_ratio=NOMINAL_BATCH / self.plan.global_batch,
         )
 
     def checkpoint(self, state: checkpoint.RunState) -> dict[str, Any]:
