@@ -17,6 +17,7 @@ that the gains make the same tables as the worker path's.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +54,7 @@ def draw_color_params(p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=16)
 def _division_table(numerator: float, n: int, device) -> torch.Tensor:
     """OpenCV's int table round(numerator / i) for i in 0..n-1 (0 at i = 0), as int32."""
     import torch
@@ -97,11 +99,17 @@ def hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tenso
         return (1.0 - a.double() * b.double()).float()  # the float32 product is exact in float64
 
     tab = torch.stack([vf, vf * (1.0 - sf), vf * one_minus(sf, frac), vf * one_minus(sf, 1.0 - frac)])
-    # which of the four values R, G and B take in each of the six hue sectors
-    pick = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]], device=h.device)
-    rows = pick[sector.long().clamp_(0, 5)]  # [..., 3]
+    rows = _sector_picks(h.device)[sector.long().clamp_(0, 5)]  # [..., 3]
     rgb = torch.gather(tab, 0, rows.movedim(-1, 0))  # [3, ...]
     return torch.trunc(rgb * 255.0).clamp_(0, 255).to(torch.uint8)
+
+
+@lru_cache(maxsize=16)
+def _sector_picks(device) -> torch.Tensor:
+    """int64 [6, 3]: which of the four values R, G and B take in each of the six hue sectors."""
+    import torch
+
+    return torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]], device=device)
 
 
 def _gain_tables(params: torch.Tensor) -> torch.Tensor:
