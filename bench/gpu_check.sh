@@ -74,6 +74,30 @@ else
     echo "== train_yolov5x_real skipped: OpenCV (cv2) is not installed, the data pipeline needs it"
 fi
 
+# HSV + flips on the device batch (--color-aug device, the default on CUDA): its cost per batch there.
+echo "== apply_color on the $device batch ($batch_real x 3 x $imgsz x $imgsz)"
+timeout 60 "$python" - "$device" "$batch_real" "$imgsz" "$results/color_on_device.json" <<'EOF' 2>&1 | tee "$results/color_on_device.log" || status=1
+import json, sys, time
+import numpy as np, torch
+from yolov5_smddp.data.augment import AugmentParams
+from yolov5_smddp.data.color import apply_color, draw_color_params
+device, batch, size = torch.device(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+imgs = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=device)
+params = torch.from_numpy(np.stack([draw_color_params(AugmentParams(), rng) for _ in range(batch)])).to(device)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+apply_color(imgs, params)
+sync()
+runs = 20
+started = time.perf_counter()
+for _ in range(runs):
+    apply_color(imgs, params)
+sync()
+ms = 1000 * (time.perf_counter() - started) / runs
+print(f"apply_color: {ms:.2f} ms per batch of {batch} at {size} px ({ms / batch:.3f} ms per image)")
+json.dump({"device": str(device), "batch": batch, "imgsz": size, "ms_per_batch": ms}, open(sys.argv[4], "w"))
+EOF
+
 # The scaling model for 1/2/4/8 p4d-like nodes, from the fastest measured YOLOv5x bf16 batch-32 step.
 step_ms=$("$python" - "$results/train_yolov5x_device.json" "$batch_ref" <<'EOF' 2>/dev/null
 import json, sys

@@ -77,9 +77,17 @@ def resolve_amp(requested: str, device_type: str, bf16_supported: bool) -> AmpPo
     return AmpPolicy(mode, device_type)
 
 
-def prepare_images(imgs: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
-    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there)."""
-    x = imgs.to(device, non_blocking=True).float().div_(255.0)
+def prepare_images(
+    imgs: torch.Tensor, device: torch.device, channels_last: bool, color: torch.Tensor | None = None
+) -> torch.Tensor:
+    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there).
+    With `color` (float64 [B, 6], see data.color) imgs are BGR and get their HSV jitter and flips there."""
+    x = imgs.to(device, non_blocking=True)
+    if color is not None:
+        from yolov5_smddp.data.color import apply_color
+
+        x = apply_color(x, color.to(device, non_blocking=True))
+    x = x.float().div_(255.0)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
@@ -112,12 +120,19 @@ class TrainStep:
         self._params = [p for p in self.model.parameters() if p.requires_grad]
 
     def micro_step(
-        self, imgs: torch.Tensor, targets: torch.Tensor, *, sync: bool, size: int | None = None
+        self,
+        imgs: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        sync: bool,
+        size: int | None = None,
+        color: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Forward + backward of one batch; gradients are all-reduced only when `sync` (DDP no_sync
         otherwise). imgs uint8 [B, 3, H, W] (host or device); targets [n, 6]. `size` resizes the batch
-        (multi-scale). Returns the detached loss parts [3] (box, obj, cls), on the device."""
-        x = prepare_images(imgs, self.device, self.channels_last)
+        (multi-scale); `color` (the loader's, or None) is applied first. Returns the detached loss parts
+        [3] (box, obj, cls), on the device."""
+        x = prepare_images(imgs, self.device, self.channels_last, color)
         if size is not None and size != x.shape[-1]:
             scale = size / max(x.shape[-2:])
             new_hw = [max(32, math.ceil(d * scale / 32) * 32) for d in x.shape[-2:]]
@@ -197,26 +212,32 @@ def step_settings(
     batches_per_epoch: int,
     hyp: dict,
     cosine: bool,
-    nominal_accumulate: int,
+    nominal_ratio: float,
 ) -> StepSettings:
     """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`: a pure
     function of (iteration, epoch), so a resumed run trains with the same values as an uninterrupted one.
 
-    During warmup (iteration < warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0,
-    momentum warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor(epoch),
-    momentum, nominal_accumulate); afterwards they are lr0 * lr_factor(scheduled_epoch(...)): one epoch
-    behind after the epoch where warmup ends, as the release's scheduler runs.
+    `nominal_ratio` is the nominal batch (64) / the global batch: after warmup a step accumulates
+    max(round(nominal_ratio), 1) micro-steps. During warmup (iteration < warmup_iters) values go linearly
+    from (bias lr warmup_bias_lr, other lrs 0, momentum warmup_momentum, accumulate 1) to the epoch's
+    scheduled values (lr0 * lr_factor(epoch), momentum, and the UNROUNDED nominal_ratio: the
+    accumulation is the interpolation rounded half to even, as the release's np.interp(...).round(), so
+    with a batch that does not divide 64 it changes at the same iterations); afterwards they are lr0 *
+    lr_factor(scheduled_epoch(...)): one epoch behind after the epoch where warmup ends, as the
+    release's scheduler runs.
     """
     if iteration >= warmup_iters:
         at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
         lr = hyp["lr0"] * lr_factor(at, epochs, hyp["lrf"], cosine)
-        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal_accumulate)
+        nominal = max(round(nominal_ratio), 1)
+        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal)
     lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
     t = iteration / warmup_iters
     bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
     other = t * lr
     momentum = hyp["warmup_momentum"] + t * (hyp["momentum"] - hyp["warmup_momentum"])
-    accumulate = max(1, round(1 + t * (nominal_accumulate - 1)))
+    # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
+    accumulate = max(1, round((nominal_ratio - 1) / warmup_iters * iteration + 1))
     return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
 
 
@@ -275,7 +296,7 @@ def train_one_epoch(
     while True:
         waited = time.perf_counter()
         try:
-            imgs, targets, _paths, _shapes = next(loader_iter)
+            imgs, targets, _paths, _shapes, color = next(loader_iter)
         except StopIteration:
             break
         waited = time.perf_counter() - waited
@@ -283,7 +304,7 @@ def train_one_epoch(
         apply_settings(step.optimizer, settings)
         sync = iteration - last_optimizer_iteration >= settings.accumulate
         size = random.randrange(imgsz // 2, imgsz * 3 // 2 + 32, 32) if multi_scale else None
-        items = step.micro_step(imgs, targets, sync=sync, size=size)
+        items = step.micro_step(imgs, targets, sync=sync, size=size, color=color)
         if sync:
             step.optimizer_step()
             last_optimizer_iteration = iteration
@@ -376,7 +397,7 @@ def evaluate(
     model.eval()
     acc = MetricAccumulator()
     stopped = False
-    for imgs, targets, paths, shapes in loader:
+    for imgs, targets, paths, shapes, _color in loader:
         if should_stop is not None and should_stop():
             stopped = True
             break

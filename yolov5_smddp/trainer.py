@@ -233,9 +233,18 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
 
-def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: int, info, stride: int):
+def build_loaders(
+    config: TrainConfig,
+    bundle: DataBundle,
+    hyp: dict,
+    per_rank: int,
+    info,
+    stride: int,
+    color_on_device: bool = False,
+):
     """Train loader for this rank; val loader over this rank's shard of whole val batches (see valshard).
-    DataError when the training set cannot fill one batch per rank."""
+    `color_on_device`: the train items leave HSV and flips to the device batch. DataError when the
+    training set cannot fill one batch per rank."""
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import (
         build_dataloader,
@@ -257,6 +266,7 @@ def build_loaders(config: TrainConfig, bundle: DataBundle, hyp: dict, per_rank: 
         cache_images=config.cache,
         mosaic_partners=config.mosaic_partners,
         seed=config.seed,
+        color_on_device=color_on_device,
     )
     train_loader = build_dataloader(
         train_set,
@@ -359,6 +369,8 @@ class Decisions:
     backend: str
     device_type: str
     amp: AmpPolicy
+    color_on_device: bool = False
+    """HSV jitter and flips on the device batch (`--color-aug`), not in the loader workers."""
 
 
 def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
@@ -380,7 +392,9 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
     for option, value in (("--weights", config.weights), ("--resume", config.resume)):
         if value and not Path(value).is_file():
             raise ConfigError(f"{option} {value}: no such file")
-    return Decisions(hyp, plan, backend, device_type, amp)
+    from yolov5_smddp.data.color import runs_on_device
+
+    return Decisions(hyp, plan, backend, device_type, amp, runs_on_device(config.color_aug, device_type))
 
 
 def resumable_checkpoint(
@@ -477,7 +491,7 @@ class Run:
             batches_per_epoch=self.batches_per_epoch,
             hyp=self.hyp,
             cosine=self.config.cos_lr,
-            nominal_accumulate=self.stack.accumulate,
+            nominal_ratio=NOMINAL_BATCH / self.plan.global_batch,
         )
 
     def checkpoint(self, state: checkpoint.RunState) -> dict[str, Any]:
@@ -801,18 +815,20 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
     # -- step and loaders
     step = build_step(run)
     train_loader, val_loader, workers = build_loaders(
-        config, bundle, run.hyp, decided.plan.per_rank, info, int(model.stride.max())
+        config, bundle, run.hyp, decided.plan.per_rank, info, int(model.stride.max()), decided.color_on_device
     )
     run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
     run.batches_per_epoch = len(train_loader)
     if run.main:
         log.info(
-            "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d iterations",
+            "%d train images, %d batches/epoch per rank, %d val images, %d loader workers/rank, warmup %d "
+            "iterations, HSV and flips %s",
             len(bundle.train_index.images),
             len(train_loader),
             len(bundle.val_index.images),
             workers,
             run.warmup_iters,
+            "on the device batch" if decided.color_on_device else "in the loader workers",
         )
         if not config.noplots:
             plots.write_labels_plot(dirs.output_dir, bundle.train_index.labels, bundle.names)

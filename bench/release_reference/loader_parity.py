@@ -1,7 +1,12 @@
 """Mosaic training samples from one process: the release's dataset against ours with the release's
-sampling (the default), ours with the opt-in recent-image pool, and both with the RAM cache; same JPEGs,
-same augmentation settings (scratch-low), same shuffled order, interleaved rounds so that a shared
-machine's load hits every row alike. Reports samples/s (wall) and CPU ms per sample (process time).
+sampling (the default), ours with HSV and flips left to the device batch (`--color-aug device`, the
+default on CUDA), ours with the opt-in recent-image pool, and both with the RAM cache; same JPEGs, same
+augmentation settings (scratch-low), same shuffled order, interleaved rounds so that a shared machine's
+load hits every row alike. Reports samples/s (wall) and CPU ms per sample (process time).
+
+The device-colour row is what a loader worker does for a GPU; the batch's HSV and flips then run on the
+GPU. `--device-cost` also times `data.color.apply_color` on this CPU per sample (what a CPU-only run would
+pay instead of the workers' OpenCV, which is why `auto` keeps the workers' path on CPU).
 
 Run in the image of bench/release_reference/Dockerfile (the release is the PyPI package `yolov5`
 7.0.14, only there), this checkout on PYTHONPATH:
@@ -34,6 +39,27 @@ def _rows(tasks: dict, iters: int, rounds: int) -> dict[str, dict[str, float]]:
     }
 
 
+def _device_cost_ms(imgsz: int, hyp: dict, batch: int = 16) -> float:
+    """CPU ms per sample of data.color.apply_color on a [batch, 3, imgsz, imgsz] batch, one thread."""
+    import numpy as np
+    import torch
+
+    from yolov5_smddp.data.augment import AugmentParams
+    from yolov5_smddp.data.color import apply_color, draw_color_params
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    p = AugmentParams.from_hyp(hyp)
+    imgs = torch.from_numpy(rng.integers(0, 256, (batch, imgsz, imgsz, 3), dtype=np.uint8)).permute(
+        0, 3, 1, 2
+    )
+    params = torch.from_numpy(np.stack([draw_color_params(p, rng) for _ in range(batch)]))
+    apply_color(imgs, params)  # warm-up
+    started = time.process_time()
+    apply_color(imgs, params)
+    return 1000 * (time.process_time() - started) / batch
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--imgsz", type=int, default=640)
@@ -41,6 +67,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=240)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--no-ram", action="store_true", help="leave out the RAM-cache rows")
+    parser.add_argument("--device-cost", action="store_true", help="also time apply_color on this CPU")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -74,6 +101,9 @@ def main() -> int:
                 train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp
             ),
             "ours, release sampling (default)": YoloDataset(index, args.imgsz, augment=True, hyp=hyp),
+            "ours, release sampling, colour on device": YoloDataset(
+                index, args.imgsz, augment=True, hyp=hyp, color_on_device=True
+            ),
             "ours, --mosaic-partners recent": YoloDataset(
                 index, args.imgsz, augment=True, hyp=hyp, mosaic_partners="recent"
             ),
@@ -95,8 +125,14 @@ def main() -> int:
             f"{name:<40} {row['samples_per_s']:>10.1f} {row['samples_per_s'] / base:>9.2f}x "
             f"{row['cpu_ms_per_sample']:>14.2f}"
         )
+    device_ms = _device_cost_ms(args.imgsz, hyp) if args.device_cost else None
+    if device_ms is not None:
+        print(
+            f"apply_color on this CPU (1 thread): {device_ms:.2f} ms per sample (a CPU-only run would pay this)"
+        )
     if args.json is not None:
-        args.json.write_text(json.dumps({"images": args.images, "imgsz": args.imgsz, "rows": rows}, indent=2))
+        summary = {"images": args.images, "imgsz": args.imgsz, "rows": rows, "apply_color_cpu_ms": device_ms}
+        args.json.write_text(json.dumps(summary, indent=2))
     return 0
 
 

@@ -44,7 +44,7 @@ def fixed_batches(copies: int) -> list[tuple]:
         targets = torch.stack(rows).float()
         imgs = imgs.repeat(copies, 1, 1, 1)
         targets = torch.cat([targets + torch.tensor([k * PER_RANK, 0, 0, 0, 0, 0]) for k in range(copies)])
-        batches.append((imgs, targets, (), ()))
+        batches.append((imgs, targets, (), (), None))
     return batches
 
 

@@ -107,7 +107,12 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
         cmd += ["-x", name]
     out = tmp_path / "run"
     proc = subprocess.run(
-        cmd + [sys.executable, *_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "1")],
+        cmd
+        + [
+            sys.executable,
+            *_train_module(),
+            *_options(out, data, "--backend", "gloo", "--epochs", "1", "--color-aug", "device"),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -115,5 +120,6 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=gloo world_size=2" in proc.stdout
+    assert "HSV and flips on the device batch" in proc.stdout + proc.stderr  # --color-aug device
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)

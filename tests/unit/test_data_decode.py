@@ -149,7 +149,7 @@ def test_corpus_through_training_items_and_ram_cache(corpus, tmp_path, caplog):
             ds = YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, cache_images=cache, seed=1)
             ds.cache_shard(list(range(len(ds))))
             for i in range(len(ds)):
-                img, targets, path, _ = ds[i]
+                img, targets, path, _, _color = ds[i]
                 assert (
                     img.shape == (3, 64, 64) and img.dtype == np.uint8 and path != str(files["scrambled.jpg"])
                 )
@@ -215,7 +215,7 @@ def test_validation_leaves_undecodable_images_out_and_says_so(corpus, tmp_path, 
         ds, batch_size=4, rank=0, world_size=1, workers=1, shuffle=False, seed=0, drop_last=False
     )
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.loader"):
-        paths = [p for _imgs, _t, batch_paths, _s in loader for p in batch_paths]
+        paths = [p for _imgs, _t, batch_paths, _s, _c in loader for p in batch_paths]
     assert len(paths) == len(index.images) - 1 and str(files["scrambled.jpg"]) not in paths
     n = len(index.images)
     assert [r.getMessage() for r in caplog.records if r.name == "yolov5_smddp.data.loader"] == [
@@ -225,6 +225,6 @@ def test_validation_leaves_undecodable_images_out_and_says_so(corpus, tmp_path, 
 
 
 def test_collate_of_an_all_skipped_batch_is_empty():
-    imgs, targets, paths, shapes = collate([Skipped("a.jpg", "x"), Skipped("b.jpg", "y")])
+    imgs, targets, paths, shapes, color = collate([Skipped("a.jpg", "x"), Skipped("b.jpg", "y")])
     assert imgs.shape == (0, 3, 32, 32) and imgs.dtype == torch.uint8
     assert targets.shape == (0, 6) and paths == () and shapes == ()

@@ -55,15 +55,21 @@ def test_shard_order_changes_with_epoch_but_is_seeded():
 
 def test_collate_uint8_and_image_index():
     items = [
-        (np.zeros((3, 8, 8), np.uint8), np.array([[0, 1, 0.5, 0.5, 0.1, 0.1]], np.float32), "a", None),
-        (np.ones((3, 8, 8), np.uint8), np.zeros((0, 6), np.float32), "b", None),
-        (np.ones((3, 8, 8), np.uint8), np.array([[0, 2, 0.5, 0.5, 0.1, 0.1]] * 2, np.float32), "c", None),
+        (np.zeros((3, 8, 8), np.uint8), np.array([[0, 1, 0.5, 0.5, 0.1, 0.1]], np.float32), "a", None, None),
+        (np.ones((3, 8, 8), np.uint8), np.zeros((0, 6), np.float32), "b", None, None),
+        (
+            np.ones((3, 8, 8), np.uint8),
+            np.array([[0, 2, 0.5, 0.5, 0.1, 0.1]] * 2, np.float32),
+            "c",
+            None,
+            None,
+        ),
     ]
-    imgs, targets, paths, shapes = collate(items)
+    imgs, targets, paths, shapes, color = collate(items)
     assert imgs.dtype == torch.uint8 and imgs.shape == (3, 3, 8, 8)
     assert imgs[1].eq(1).all() and imgs[0].eq(0).all()
     assert targets.shape == (3, 6) and targets[:, 0].tolist() == [0, 2, 2]
-    assert paths == ("a", "b", "c") and shapes == (None, None, None)
+    assert paths == ("a", "b", "c") and shapes == (None, None, None) and color is None
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +94,7 @@ def _batches(index, seed, workers, rank=0, world=1, cache=None):
         drop_last=True,
     )
     loader.sampler.set_epoch(0)
-    return [(imgs.clone(), targets.clone()) for imgs, targets, _p, _s in loader]
+    return [(imgs.clone(), targets.clone()) for imgs, targets, _p, _s, _c in loader]
 
 
 def test_loader_is_deterministic_per_seed(small_index):
@@ -115,7 +121,7 @@ def test_default_sampler_ranks_are_disjoint_and_cover(small_index):
             ds, batch_size=3, rank=rank, world_size=2, workers=0, shuffle=True, seed=0, drop_last=True
         )
         loader.sampler.set_epoch(2)
-        seen.append([p for _imgs, _t, paths, _s in loader for p in paths])
+        seen.append([p for _imgs, _t, paths, _s, _c in loader for p in paths])
     assert len(seen[0]) == len(seen[1]) == 6
     assert set(seen[0]).isdisjoint(seen[1])
     assert set(seen[0]) | set(seen[1]) == {str(p) for p in small_index.images}

@@ -81,5 +81,5 @@ def test_ram_cache_partners_come_from_this_ranks_shard(tmp_path):
     for i in shard * 20:
         plan = ds.mosaic_plan(i)
         assert set(plan) <= set(shard), plan
-    img, targets, _path, _shapes = ds[shard[0]]
+    img, targets, _path, _shapes, _color = ds[shard[0]]
     assert img.shape == (3, 64, 64) and targets.shape[1] == 6

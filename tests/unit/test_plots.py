@@ -177,7 +177,7 @@ def test_noplots_option():
 def test_training_batches_pass_through_and_the_first_three_are_drawn(tmp_path):
     imgs = torch.zeros(2, 3, 32, 48, dtype=torch.uint8)
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.5, 0.5], [1, 0, 0.25, 0.25, 0.2, 0.2]])
-    batches = [(imgs, targets, ["a", "b"], None) for _ in range(4)]
+    batches = [(imgs, targets, ["a", "b"], None, None) for _ in range(4)]
     seen = list(recording_batches(iter(batches), tmp_path, ["cat", "dog"]))
     assert len(seen) == 4 and all(a is b for a, b in zip(seen, batches))
     assert sorted(p.name for p in tmp_path.iterdir()) == [

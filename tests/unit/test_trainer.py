@@ -41,7 +41,7 @@ def test_warmup_interpolation_exact_values():
         "batches_per_epoch": 40,
         "hyp": HYP,
         "cosine": False,
-        "nominal_accumulate": 4,
+        "nominal_ratio": 4.0,
     }
     s0 = step_settings(0, 0, **kw)
     assert s0.lrs == {"bias": 0.1, "weight": 0.0, "norm": 0.0} and s0.momentum == 0.8 and s0.accumulate == 1
@@ -97,6 +97,12 @@ def _release_schedule_trace(epochs, nb, nw, batch, cosine):
         (8, 25, 100, 32, False),  # ... epoch 4's first
         (10, 7, 100, 16, True),  # warmup longer than most of the run, cosine
         (6, 30, 100, 64, True),
+        # batches that do not divide the nominal 64: warmup's rounded accumulation (numpy rounds half
+        # to even: 64/24 -> 2.67 -> 3; the interpolation passes 1.5 and 2.5) and the final one
+        (10, 30, 100, 24, False),
+        (8, 20, 90, 48, False),
+        (6, 20, 60, 40, True),
+        (6, 20, 60, 128, False),  # 64/128 rounds to 0: accumulate stays 1
     ],
 )
 def test_schedule_equals_the_releases_lambdalr_trace(epochs, nb, nw, batch, cosine):
@@ -110,7 +116,7 @@ def test_schedule_equals_the_releases_lambdalr_trace(epochs, nb, nw, batch, cosi
             batches_per_epoch=nb,
             hyp=HYP,
             cosine=cosine,
-            nominal_accumulate=accumulation(batch),
+            nominal_ratio=64 / batch,
         )
         assert [ours.lrs["bias"], ours.lrs["weight"], ours.lrs["norm"]] == pytest.approx(
             lrs, rel=1e-12, abs=1e-15
@@ -194,7 +200,7 @@ def _batches(n):
     g = torch.Generator().manual_seed(0)
     targets = torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3], [1, 1, 0.3, 0.6, 0.2, 0.4]])
     return [
-        (torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), ())
+        (torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8, generator=g), targets, (), (), None)
         for _ in range(n)
     ]
 

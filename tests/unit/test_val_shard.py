@@ -216,7 +216,7 @@ def _oracle_batches(detect: Detect, imgsz: int, n_images: int, seed: int):
         features.append(feats)
         targets = torch.tensor([[0, *r] for r in rows], dtype=torch.float32)
         imgs = torch.zeros((1, 3, imgsz, imgsz), dtype=torch.uint8)
-        batches.append((imgs, targets, (f"img{len(batches)}.jpg",), (((imgsz, imgsz), None),)))
+        batches.append((imgs, targets, (f"img{len(batches)}.jpg",), (((imgsz, imgsz), None),), None))
     return features, batches
 
 

@@ -100,7 +100,7 @@ def pipeline_batches(
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for epoch in itertools.count():
             loader.sampler.set_epoch(epoch)
-            for images, targets, _paths, _shapes in loader:
+            for images, targets, _paths, _shapes, _color in loader:
                 yield images, targets
 
     return forever(), config.nc, used_workers

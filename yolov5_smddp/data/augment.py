@@ -188,12 +188,15 @@ def mosaic(
 
 
 def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
-    """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint."""
+    """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint.
+
+    Always a warp, also when `m` only scales and translates: a cv2.resize placed at a whole output pixel
+    would be cheaper, but its half-pixel sampling grid and the rounded placement shift the tile by up to
+    a pixel against the labels (the release warps the canvas; measured: mean |difference| 7.0 grey
+    levels against the canvas warp, 0.4 for the warp, only at tile seams), and at small image sizes that
+    cost accuracy (docs/ACCURACY.md)."""
     ch, cw = crop.shape[:2]
     if ch == 0 or cw == 0:
-        return
-    if m[0, 1] == 0 and m[1, 0] == 0 and m[2, 0] == 0 and m[2, 1] == 0:
-        _paste_scaled(out, crop, m[0, 0], m[1, 1], m[0, 2], m[1, 2])
         return
     oh, ow = out.shape[:2]
     footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
@@ -204,28 +207,6 @@ def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
     roi = np.ascontiguousarray(out[y0:y1, x0:x1])
     _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=roi)
     out[y0:y1, x0:x1] = roi
-
-
-def _visible_span(offset: float, gain: float, src_len: int, out_len: int) -> tuple[int, int, int, int]:
-    """Source pixels [s0, s1) that land inside [0, out_len) under x -> gain * x + offset, and where they
-    land, rounded to whole output pixels [d0, d1) (d0 may be < 0 and d1 > out_len by under one gain)."""
-    s0 = min(max(math.floor(-offset / gain), 0), src_len)
-    s1 = min(max(math.ceil((out_len - offset) / gain), 0), src_len)
-    return s0, s1, round(offset + gain * s0), round(offset + gain * s1)
-
-
-def _paste_scaled(out: np.ndarray, crop: np.ndarray, gx: float, gy: float, tx: float, ty: float) -> None:
-    """The scale + translate case of _paste_warped with cv2.resize (much cheaper than a warp; placement
-    rounded to whole output pixels, under one pixel from the exact map the labels follow)."""
-    oh, ow = out.shape[:2]
-    u0, u1, dx0, dx1 = _visible_span(tx, gx, crop.shape[1], ow)
-    v0, v1, dy0, dy1 = _visible_span(ty, gy, crop.shape[0], oh)
-    if u1 <= u0 or v1 <= v0 or dx1 <= dx0 or dy1 <= dy0:
-        return
-    tile = cv2.resize(crop[v0:v1, u0:u1], (dx1 - dx0, dy1 - dy0), interpolation=cv2.INTER_LINEAR)
-    ox0, ox1, oy0, oy1 = max(dx0, 0), min(dx1, ow), max(dy0, 0), min(dy1, oh)
-    if ox1 > ox0 and oy1 > oy0:
-        out[oy0:oy1, ox0:ox1] = tile[oy0 - dy0 : oy1 - dy0, ox0 - dx0 : ox1 - dx0]
 
 
 def augment_hsv_to_rgb(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
@@ -249,15 +230,21 @@ def random_flips(
     img: np.ndarray, labels_xywhn: np.ndarray, p: AugmentParams, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Flip up-down with probability flipud and left-right with fliplr; labels [n, 5] (cls, xywh normalised)."""
-    labels = labels_xywhn.copy()
     up_down, left_right = rng.random() < p.flipud, rng.random() < p.fliplr
+    labels = flip_labels(labels_xywhn, up_down, left_right)
+    if up_down or left_right:
+        img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
+    return img, labels
+
+
+def flip_labels(labels_xywhn: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:
+    """[n, 5] (cls, xc, yc, w, h normalised) as they are after the image is flipped (a copy)."""
+    labels = labels_xywhn.copy()
     if up_down:
         labels[:, 2] = 1 - labels[:, 2]
     if left_right:
         labels[:, 1] = 1 - labels[:, 1]
-    if up_down or left_right:
-        img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
-    return img, labels
+    return labels
 
 
 def mixup(

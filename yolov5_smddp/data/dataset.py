@@ -1,9 +1,12 @@
 """YoloDataset: images and labels of a LabelIndex, augmented for training or letterboxed for validation.
 
-Item → (img uint8 [3, H, W] RGB — a transposed view of an HWC array, see `loader.collate` —, labels float32 [n, 6] (0, cls, xc, yc, w, h) normalised to the
-output image, image path, shapes) with shapes = ((h0, w0), ((gain_h, gain_w), (pad_w, pad_h))): the
-TOTAL scale from original pixels to network-input pixels and the padding, as
-`boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
+Item → (img uint8 [3, H, W] RGB — a transposed view of an HWC array, see `loader.collate` —, labels
+float32 [n, 6] (0, cls, xc, yc, w, h) normalised to the output image, image path, shapes, colour) with
+shapes = ((h0, w0), ((gain_h, gain_w), (pad_w, pad_h))): the TOTAL scale from original pixels to
+network-input pixels and the padding, as `boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
+colour is None, except with `color_on_device` (training): then the HSV jitter and the image flips are
+left to the device batch (`data.color.apply_color`), img is BGR and unflipped, the labels are already
+flipped, and colour holds the sample's float64 [6] parameters, drawn as the workers would draw them.
 
 Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
 - mosaic sampling is the release's by default (`mosaic_partners="random"`): the item's image and three
@@ -43,6 +46,7 @@ import numpy as np
 from yolov5_smddp.data.augment import (
     AugmentParams,
     augment_hsv_to_rgb,
+    flip_labels,
     mixup,
     mosaic,
     random_flips,
@@ -50,6 +54,7 @@ from yolov5_smddp.data.augment import (
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
+from yolov5_smddp.data.color import draw_color_params
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.labels import LabelIndex
 from yolov5_smddp.data.letterbox import letterbox
@@ -123,6 +128,7 @@ class YoloDataset:
         mosaic_partners: str = "random",
         partner_pool: int = 32,
         seed: int = 0,
+        color_on_device: bool = False,
     ) -> None:
         if cache_images not in CACHE_MODES:
             raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
@@ -137,6 +143,7 @@ class YoloDataset:
         self.cache_images = cache_images
         self.mosaic_partners = mosaic_partners
         self.partner_pool = max(int(partner_pool), _MIN_POOL_FOR_PARTNERS)
+        self.color_on_device = bool(color_on_device) and augment
         self.rng = np.random.default_rng(seed)
         self.images: list[Path] = list(index.images)
         self.shapes = np.asarray(index.shapes, dtype=np.int32).reshape(-1, 2)
@@ -311,12 +318,16 @@ class YoloDataset:
                 img, labels = random_perspective(img, labels, p, self.rng)
         out_h, out_w = img.shape[:2]
         labels = xyxy_to_xywhn(labels, out_w, out_h)
-        if self.augment:
+        color = None
+        if self.color_on_device:  # the device batch jitters and flips img; the labels flip here
+            color = draw_color_params(p, self.rng)
+            labels = flip_labels(labels, bool(color[4]), bool(color[5]))
+        elif self.augment:
             img = augment_hsv_to_rgb(img, p, self.rng)
             img, labels = random_flips(img, labels, p, self.rng)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-        chw_rgb = img.transpose(2, 0, 1)  # a view: collate copies each image exactly once
+        chw = img.transpose(2, 0, 1)  # a view: collate copies each image exactly once
         targets = np.zeros((len(labels), 6), np.float32)
         targets[:, 1:] = labels
-        return chw_rgb, targets, str(self.images[i]), shapes
+        return chw, targets, str(self.images[i]), shapes, color

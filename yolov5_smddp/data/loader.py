@@ -108,24 +108,30 @@ class ShardSampler(Sampler[int]):
         return iter(order[: self.length])
 
 
-def collate(batch: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple]:
+def collate(
+    batch: list[tuple],
+) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple, torch.Tensor | None]:
     """Items → (imgs uint8 [B, 3, H, W], targets float32 [n, 6] (image index in batch, cls, xc, yc, w, h),
-    paths, shapes).
+    paths, shapes, colour).
 
     `imgs` has channels-last strides (memory order B, H, W, C): the items are CHW views of HWC arrays,
     so stacking them as HWC is one plain copy per image, where a CHW copy would be a strided transpose.
     `imgs.float()` keeps that layout (torch.channels_last); call `.contiguous()` for NCHW memory.
-    `Skipped` items (validation images that could not be decoded) are left out.
+    colour: None, or float64 [B, 6] when the items leave HSV and flips to the device batch (imgs are then
+    BGR; see `data.color.apply_color`). `Skipped` items (validation images that could not be decoded)
+    are left out.
     """
     batch = [item for item in batch if not isinstance(item, Skipped)]
     if not batch:
-        return torch.zeros((0, 3, _EMPTY_SIDE, _EMPTY_SIDE), dtype=torch.uint8), torch.zeros((0, 6)), (), ()
-    imgs, labels, paths, shapes = zip(*batch)
+        empty = torch.zeros((0, 3, _EMPTY_SIDE, _EMPTY_SIDE), dtype=torch.uint8)
+        return empty, torch.zeros((0, 6)), (), (), None
+    imgs, labels, paths, shapes, colors = zip(*batch)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
     images = torch.from_numpy(np.stack([img.transpose(1, 2, 0) for img in imgs])).permute(0, 3, 1, 2)
     targets = torch.from_numpy(np.concatenate(labels)) if labels else torch.zeros((0, 6))
-    return images, targets, paths, shapes
+    color = None if colors[0] is None else torch.from_numpy(np.stack(colors))
+    return images, targets, paths, shapes, color
 
 
 def _worker_init(worker_id: int) -> None:

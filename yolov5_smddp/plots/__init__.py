@@ -209,7 +209,12 @@ def recording_batches(
 
 
 def _write_train_batch(path: Path, batch, names: Sequence[str]) -> None:
-    imgs, targets = batch[0], batch[1]
+    imgs, targets = batch[0][:MAX_IMAGES], batch[1]
+    color = batch[4] if len(batch) > 4 else None
+    if color is not None:  # HSV and flips left to the device batch: draw what the model will see
+        from yolov5_smddp.data.color import apply_color
+
+        imgs = apply_color(imgs, color[:MAX_IMAGES])
     images = [cv2.cvtColor(im.permute(1, 2, 0).cpu().numpy(), cv2.COLOR_RGB2BGR) for im in imgs[:MAX_IMAGES]]
     targets = targets.cpu().numpy()
     boxes = [training_batch_boxes(targets, i, im.shape[0], im.shape[1]) for i, im in enumerate(images)]
