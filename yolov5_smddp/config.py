@@ -340,7 +340,7 @@ class TrainConfig:
     color_aug: ColorAug = option(
         "auto",
         help="where the HSV jitter and flips run: 'workers' (the loader's CPU workers), 'device' (on the "
-        "batch, on the GPU: ~3 ms less CPU per 640 px sample in every worker, the same pixels) or 'auto' "
+        "batch, on the GPU: 2-3 ms less CPU per 640 px sample in every worker, the same pixels) or 'auto' "
         "(device on CUDA, workers on CPU, where the workers' OpenCV is the cheaper of the two)",
     )
     """where HSV jitter and flips run: 'workers', 'device' (data/color.py: OpenCV's 8-bit arithmetic on the
