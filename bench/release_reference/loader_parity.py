@@ -44,8 +44,8 @@ def _device_cost_ms(imgsz: int, hyp: dict, batch: int = 16) -> float:
     import numpy as np
     import torch
 
-    from yolov5_smddp.data.augment import AugmentParams
-    from yolov5_smddp.data.color import apply_color, draw_color_params
+    from yolov5_smddp.data.augment import AugmentParams, draw_color_params
+    from yolov5_smddp.data.color import apply_color
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

@@ -16,8 +16,9 @@ from yolov5_smddp.boxes import scale_boxes
 from yolov5_smddp.data.augment import (
     AugmentParams,
     _paste_warped,
-    augment_hsv_to_rgb,
+    apply_color_hwc,
     box_candidates,
+    draw_color_params,
     random_affine_matrix,
     transform_boxes,
 )
@@ -146,11 +147,13 @@ def test_identity_affine_and_box_transform():
 def test_hsv_jitter_exact_values_and_rgb_order():
     bgr = np.zeros((4, 4, 3), np.uint8)
     bgr[..., 0], bgr[..., 2] = 200, 10  # blue-ish in BGR
-    plain = augment_hsv_to_rgb(bgr, AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0), np.random.default_rng(0))
+    no_hsv = AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0, fliplr=0)
+    plain = apply_color_hwc(bgr, draw_color_params(no_hsv, np.random.default_rng(0)))
     assert plain[0, 0].tolist() == [10, 0, 200]  # channels are now RGB
     grey = np.full((4, 4, 3), 100, np.uint8)
     gain = np.random.default_rng(7).uniform(-1, 1, 3)[2] * 0.4 + 1
-    out = augment_hsv_to_rgb(grey, AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0.4), np.random.default_rng(7))
+    value_only = AugmentParams(hsv_h=0, hsv_s=0, hsv_v=0.4)
+    out = apply_color_hwc(grey, draw_color_params(value_only, np.random.default_rng(7)))
     assert (out == int(np.clip(np.float32(100) * np.float32(gain), 0, 255))).all()
 
 

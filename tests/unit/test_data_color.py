@@ -1,13 +1,13 @@
 """HSV jitter and flips on the device batch (`--color-aug device`, data/color.py) give the model the same
-pixels and labels as the loader workers' OpenCV path (augment.augment_hsv_to_rgb + random_flips)."""
+pixels and labels as the loader workers' OpenCV path (augment.apply_color_hwc)."""
 
 import cv2
 import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.data.augment import AugmentParams, augment_hsv_to_rgb, random_flips
-from yolov5_smddp.data.color import apply_color, bgr_to_hsv, draw_color_params, hsv_to_rgb, runs_on_device
+from yolov5_smddp.data.augment import AugmentParams, apply_color_hwc, draw_color_params
+from yolov5_smddp.data.color import apply_color, bgr_to_hsv, hsv_to_rgb, runs_on_device
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
 from yolov5_smddp.data.loader import collate
@@ -47,9 +47,7 @@ def test_hsv_to_rgb_is_opencvs_on_every_input():
 def _worker_path(images, p: AugmentParams, rng) -> list[np.ndarray]:
     out = []
     for img in images:
-        rgb = augment_hsv_to_rgb(img, p, rng)
-        rgb, _ = random_flips(rgb, np.zeros((0, 5), np.float32), p, rng)
-        out.append(rgb)
+        out.append(apply_color_hwc(img, draw_color_params(p, rng)))
     return out
 
 

@@ -209,32 +209,44 @@ def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
     out[y0:y1, x0:x1] = roi
 
 
-def augment_hsv_to_rgb(img: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
-    """BGR uint8 → a new RGB uint8 image with hue, saturation and value scaled by random U(1 +/- gain).
+COLOR_COLUMNS = 6
+"""Per-sample colour parameters: (gain_h, gain_s, gain_v, hsv_on, flip_ud, flip_lr), float64."""
+
+
+def draw_color_params(p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
+    """float64 [6] for one sample: the HSV gains U(1 +/- gain) (drawn only when a gain is set), then the
+    up-down and left-right flips. The one place these draws happen, whichever side applies them
+    (`apply_color_hwc` in the worker, `data.color.apply_color` on the device batch)."""
+    out = np.zeros(COLOR_COLUMNS, np.float64)
+    if p.hsv_h or p.hsv_s or p.hsv_v:
+        out[:3] = rng.uniform(-1, 1, 3) * (p.hsv_h, p.hsv_s, p.hsv_v) + 1
+        out[3] = 1
+    else:
+        out[:3] = 1
+    out[4] = rng.random() < p.flipud
+    out[5] = rng.random() < p.fliplr
+    return out
+
+
+def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """BGR uint8 [h, w, 3] → a new RGB uint8 image with `params` (see `draw_color_params`) applied: hue,
+    saturation and value scaled through one 3-channel lookup table, then the flips.
 
     The colour-order change rides on the HSV → RGB conversion the jitter needs anyway (no extra pass).
     """
-    if not (p.hsv_h or p.hsv_s or p.hsv_v):
-        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    gains = rng.uniform(-1, 1, 3) * (p.hsv_h, p.hsv_s, p.hsv_v) + 1
-    x = np.arange(256, dtype=np.float32)
-    lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: a single LUT pass, no split/merge
-    lut[:, 0, 0] = (x * gains[0]) % 180
-    lut[:, 0, 1] = np.clip(x * gains[1], 0, 255)
-    lut[:, 0, 2] = np.clip(x * gains[2], 0, 255)
-    merged = cv2.LUT(cv2.cvtColor(img, cv2.COLOR_BGR2HSV), lut)
-    return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
-
-
-def random_flips(
-    img: np.ndarray, labels_xywhn: np.ndarray, p: AugmentParams, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Flip up-down with probability flipud and left-right with fliplr; labels [n, 5] (cls, xywh normalised)."""
-    up_down, left_right = rng.random() < p.flipud, rng.random() < p.fliplr
-    labels = flip_labels(labels_xywhn, up_down, left_right)
+    if params[3]:
+        x = np.arange(256, dtype=np.float32)
+        lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: a single LUT pass, no split/merge
+        lut[:, 0, 0] = (x * params[0]) % 180
+        lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
+        lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+        img = cv2.cvtColor(cv2.LUT(cv2.cvtColor(img, cv2.COLOR_BGR2HSV), lut), cv2.COLOR_HSV2RGB)
+    else:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    up_down, left_right = bool(params[4]), bool(params[5])
     if up_down or left_right:
         img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
-    return img, labels
+    return img
 
 
 def flip_labels(labels_xywhn: np.ndarray, up_down: bool, left_right: bool) -> np.ndarray:

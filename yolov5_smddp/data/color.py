@@ -1,15 +1,14 @@
 """HSV jitter and flips on the device batch (`--color-aug device`), instead of in the loader workers.
 
-The loader workers then only draw each sample's parameters (`draw_color_params`, the same random draws
-as the worker path `augment.augment_hsv_to_rgb` + `augment.random_flips`), flip the LABELS, and hand over
-the image unflipped in BGR; `apply_color` does the rest on the batch, wherever the batch is (the GPU).
-That takes ~3 ms of CPU per 640 x 640 sample out of every worker (two colour conversions, a table
+The loader workers then only draw each sample's parameters (`augment.draw_color_params`, as they do for
+their own path `augment.apply_color_hwc`), flip the LABELS, and hand over the image unflipped in BGR;
+`apply_color` does the rest on the batch, wherever the batch is (the GPU). That takes ~3 ms of CPU per 640 x 640 sample out of every worker (two colour conversions, a table
 lookup, a flip), which on GPU nodes is what the loader is short of.
 
 The model sees the same pixels: the conversions follow OpenCV's 8-bit ones. BGR -> HSV is OpenCV's
 integer arithmetic (H in [0, 180), fixed-point reciprocals with a 12-bit shift), exact; the gain tables are
-the worker path's (float, truncated to uint8); HSV -> RGB is OpenCV's float formula as its vectorised loop computes it, exact
-(see `hsv_to_rgb` for the few pixels at the end of a row OpenCV rounds instead).
+the worker path's (float, truncated to uint8); HSV -> RGB is OpenCV's float formula as its vectorised
+loop computes it, exact (see `hsv_to_rgb` for the few pixels at the end of a row OpenCV rounds instead).
 
 Per-sample parameters: float64 [B, 6] rows (gain_h, gain_s, gain_v, hsv_on, flip_ud, flip_lr); float64 so
 that the gains make the same tables as the worker path's.
@@ -20,14 +19,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
     import torch
 
-    from yolov5_smddp.data.augment import AugmentParams
-
-COLOR_COLUMNS = 6
 _SHIFT = 12  # OpenCV's hsv_shift: fixed-point bits of its 8-bit BGR -> HSV division tables
 _HUE_RANGE = 180
 _CHUNK = 16  # images converted at once: bounds the int32 temporaries to ~40 bytes per pixel of 16 images
@@ -38,20 +32,6 @@ def runs_on_device(mode: str, device_type: str) -> bool:
     never, 'auto' on CUDA only (on a CPU the workers' OpenCV costs ~3 ms a 640 px sample, these tensor
     ops ~40x that)."""
     return mode == "device" or (mode == "auto" and device_type == "cuda")
-
-
-def draw_color_params(p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
-    """float64 [6] for one sample, drawn exactly as the worker path draws them (HSV gains only when a gain
-    is set, then the up-down and left-right flips)."""
-    out = np.zeros(COLOR_COLUMNS, np.float64)
-    if p.hsv_h or p.hsv_s or p.hsv_v:
-        out[:3] = rng.uniform(-1, 1, 3) * (p.hsv_h, p.hsv_s, p.hsv_v) + 1
-        out[3] = 1
-    else:
-        out[:3] = 1
-    out[4] = rng.random() < p.flipud
-    out[5] = rng.random() < p.fliplr
-    return out
 
 
 @lru_cache(maxsize=16)
@@ -129,7 +109,7 @@ def apply_color(imgs: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     HSV jitter (samples with hsv_on) and flips applied; channels-last memory, as the loader's batches."""
     import torch
 
-    params = params.to(imgs.device)
+    params = params.to(imgs.device, non_blocking=True)  # pinned by the loader: no host sync
     out = torch.empty_like(imgs, memory_format=torch.channels_last)
     tables = _gain_tables(params)
     for start in range(0, imgs.shape[0], _CHUNK):

@@ -6,7 +6,7 @@ shapes = ((h0, w0), ((gain_h, gain_w), (pad_w, pad_h))): the TOTAL scale from or
 network-input pixels and the padding, as `boxes.scale_boxes(..., ratio_pad=shapes[1])` expects.
 colour is None, except with `color_on_device` (training): then the HSV jitter and the image flips are
 left to the device batch (`data.color.apply_color`), img is BGR and unflipped, the labels are already
-flipped, and colour holds the sample's float64 [6] parameters, drawn as the workers would draw them.
+flipped, and colour holds the sample's float64 [6] parameters (`augment.draw_color_params`).
 
 Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
 - mosaic sampling is the release's by default (`mosaic_partners="random"`): the item's image and three
@@ -45,16 +45,15 @@ import numpy as np
 
 from yolov5_smddp.data.augment import (
     AugmentParams,
-    augment_hsv_to_rgb,
+    apply_color_hwc,
+    draw_color_params,
     flip_labels,
     mixup,
     mosaic,
-    random_flips,
     random_perspective,
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
-from yolov5_smddp.data.color import draw_color_params
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.labels import LabelIndex
 from yolov5_smddp.data.letterbox import letterbox
@@ -319,12 +318,11 @@ class YoloDataset:
         out_h, out_w = img.shape[:2]
         labels = xyxy_to_xywhn(labels, out_w, out_h)
         color = None
-        if self.color_on_device:  # the device batch jitters and flips img; the labels flip here
+        if self.augment:  # HSV gains and flips: drawn here, applied here or on the device batch
             color = draw_color_params(p, self.rng)
             labels = flip_labels(labels, bool(color[4]), bool(color[5]))
-        elif self.augment:
-            img = augment_hsv_to_rgb(img, p, self.rng)
-            img, labels = random_flips(img, labels, p, self.rng)
+            if not self.color_on_device:
+                img, color = apply_color_hwc(img, color), None
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         chw = img.transpose(2, 0, 1)  # a view: collate copies each image exactly once

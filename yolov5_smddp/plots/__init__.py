@@ -21,6 +21,7 @@ import torch
 
 from yolov5_smddp import distributed
 from yolov5_smddp.boxes import xywh_to_xyxy
+from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.metrics import match_predictions
 from yolov5_smddp.plots.confusion import ConfusionMatrix
 from yolov5_smddp.plots.curves import Curves, compute_curves
@@ -210,10 +211,8 @@ def recording_batches(
 
 def _write_train_batch(path: Path, batch, names: Sequence[str]) -> None:
     imgs, targets = batch[0][:MAX_IMAGES], batch[1]
-    color = batch[4] if len(batch) > 4 else None
+    color = batch[4]
     if color is not None:  # HSV and flips left to the device batch: draw what the model will see
-        from yolov5_smddp.data.color import apply_color
-
         imgs = apply_color(imgs, color[:MAX_IMAGES])
     images = [cv2.cvtColor(im.permute(1, 2, 0).cpu().numpy(), cv2.COLOR_RGB2BGR) for im in imgs[:MAX_IMAGES]]
     targets = targets.cpu().numpy()
