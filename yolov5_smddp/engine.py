@@ -22,6 +22,7 @@ from torch import nn
 
 from yolov5_smddp import distributed
 from yolov5_smddp.boxes import scale_boxes, xywh_to_xyxy
+from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.errors import ConfigError, UserError
 from yolov5_smddp.metrics import (
@@ -35,6 +36,9 @@ from yolov5_smddp.postprocess import non_max_suppression
 from yolov5_smddp.telemetry import Throughput, emit, metric_line
 
 GRAD_CLIP_NORM = 10.0
+NOMINAL_BATCH = 64
+"""Images per optimizer step the recipe's hyperparameters are tuned for: smaller global batches
+accumulate gradients up to about this many, and weight decay scales with the images per step."""
 
 
 class NonFiniteLossError(UserError):
@@ -84,9 +88,7 @@ def prepare_images(
     With `color` (float64 [B, 6], see data.color) imgs are BGR and get their HSV jitter and flips there."""
     x = imgs.to(device, non_blocking=True)
     if color is not None:
-        from yolov5_smddp.data.color import apply_color
-
-        x = apply_color(x, color.to(device, non_blocking=True))
+        x = apply_color(x, color)
     x = x.float().div_(255.0)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
@@ -203,6 +205,11 @@ def scheduled_epoch(epoch: int, *, warmup_iters: int, batches_per_epoch: int) ->
     return epoch if epoch <= warmup_end_epoch else epoch - 1
 
 
+def accumulation(global_batch: int) -> int:
+    """Micro-steps per optimizer step so that each step sees about the nominal batch of 64."""
+    return max(round(NOMINAL_BATCH / global_batch), 1)
+
+
 def step_settings(
     iteration: int,
     epoch: int,
@@ -212,15 +219,14 @@ def step_settings(
     batches_per_epoch: int,
     hyp: dict,
     cosine: bool,
-    nominal_ratio: float,
+    global_batch: int,
 ) -> StepSettings:
     """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`: a pure
     function of (iteration, epoch), so a resumed run trains with the same values as an uninterrupted one.
 
-    `nominal_ratio` is the nominal batch (64) / the global batch: after warmup a step accumulates
-    max(round(nominal_ratio), 1) micro-steps. During warmup (iteration < warmup_iters) values go linearly
-    from (bias lr warmup_bias_lr, other lrs 0, momentum warmup_momentum, accumulate 1) to the epoch's
-    scheduled values (lr0 * lr_factor(epoch), momentum, and the UNROUNDED nominal_ratio: the
+    After warmup a step accumulates `accumulation(global_batch)` micro-steps. During warmup (iteration <
+    warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0, momentum warmup_momentum, accumulate 1) to the epoch's
+    scheduled values (lr0 * lr_factor(epoch), momentum, and the UNROUNDED 64 / global_batch: the
     accumulation is the interpolation rounded half to even, as the release's np.interp(...).round(), so
     with a batch that does not divide 64 it changes at the same iterations); afterwards they are lr0 *
     lr_factor(scheduled_epoch(...)): one epoch behind after the epoch where warmup ends, as the
@@ -229,15 +235,16 @@ def step_settings(
     if iteration >= warmup_iters:
         at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
         lr = hyp["lr0"] * lr_factor(at, epochs, hyp["lrf"], cosine)
-        nominal = max(round(nominal_ratio), 1)
-        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], nominal)
+        return StepSettings(
+            {"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], accumulation(global_batch)
+        )
     lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
     t = iteration / warmup_iters
     bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
     other = t * lr
     momentum = hyp["warmup_momentum"] + t * (hyp["momentum"] - hyp["warmup_momentum"])
     # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
-    accumulate = max(1, round((nominal_ratio - 1) / warmup_iters * iteration + 1))
+    accumulate = max(1, round((NOMINAL_BATCH / global_batch - 1) / warmup_iters * iteration + 1))
     return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
 
 

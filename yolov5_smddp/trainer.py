@@ -36,9 +36,11 @@ from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import (
+    NOMINAL_BATCH,
     AmpPolicy,
     EpochResult,
     TrainStep,
+    accumulation,
     evaluate,
     resolve_amp,
     step_settings,
@@ -57,7 +59,6 @@ from yolov5_smddp.valshard import split_summary
 
 log = logging.getLogger("yolov5_smddp")
 
-NOMINAL_BATCH = 64
 MIN_WARMUP_ITERS = 100
 RESULT_COLUMNS = (
     "epoch",
@@ -127,11 +128,6 @@ def freeze_layers(model: nn.Module, layers: list[int]) -> int:
             p.requires_grad_(False)
             frozen += 1
     return frozen
-
-
-def accumulation(global_batch: int) -> int:
-    """Micro-steps per optimizer step so that each step sees about the nominal batch of 64."""
-    return max(round(NOMINAL_BATCH / global_batch), 1)
 
 
 def scale_weight_decay(hyp: dict[str, float], global_batch: int, accumulate: int) -> dict[str, float]:
@@ -491,7 +487,7 @@ class Run:
             batches_per_epoch=self.batches_per_epoch,
             hyp=self.hyp,
             cosine=self.config.cos_lr,
-            nominal_ratio=NOMINAL_BATCH / self.plan.global_batch,
+            global_batch=self.plan.global_batch,
         )
 
     def checkpoint(self, state: checkpoint.RunState) -> dict[str, Any]:

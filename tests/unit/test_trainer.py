@@ -11,6 +11,7 @@ from yolov5_smddp.engine import (
     NonFiniteLossError,
     StepSettings,
     TrainStep,
+    accumulation,
     apply_settings,
     lr_factor,
     resolve_amp,
@@ -20,7 +21,7 @@ from yolov5_smddp.engine import (
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import accumulation, build_optimizer, freeze_layers
+from yolov5_smddp.trainer import build_optimizer, freeze_layers
 
 HYP = load_hyp("scratch-low")
 
@@ -41,7 +42,7 @@ def test_warmup_interpolation_exact_values():
         "batches_per_epoch": 40,
         "hyp": HYP,
         "cosine": False,
-        "nominal_ratio": 4.0,
+        "global_batch": 16,
     }
     s0 = step_settings(0, 0, **kw)
     assert s0.lrs == {"bias": 0.1, "weight": 0.0, "norm": 0.0} and s0.momentum == 0.8 and s0.accumulate == 1
@@ -116,7 +117,7 @@ def test_schedule_equals_the_releases_lambdalr_trace(epochs, nb, nw, batch, cosi
             batches_per_epoch=nb,
             hyp=HYP,
             cosine=cosine,
-            nominal_ratio=64 / batch,
+            global_batch=batch,
         )
         assert [ours.lrs["bias"], ours.lrs["weight"], ours.lrs["norm"]] == pytest.approx(
             lrs, rel=1e-12, abs=1e-15
