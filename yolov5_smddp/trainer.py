@@ -23,6 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -654,108 +655,116 @@ def run_epochs(
     train_loader,
     val_loader,
     bundle: DataBundle,
+    stop: _StopOnSigterm,
     tracking: mlflow_log.MlflowRun | None = None,
 ) -> EpochsOutcome:
     """The epochs from `state.epoch`: train, validate with the EMA (every rank its shard), end the epoch
     on rank 0, stop early or on SIGTERM (rank 0 decides for every rank). `bundle` gives the plots the
-    class names and the val labels."""
+    class names and the val labels. `stop`: the job's SIGTERM flag; after the last epoch it cuts the final
+    validation of best.pt short (the last epoch's metrics stand), so the final outputs are written in time."""
     config, main = run.config, run.main
     outcome = EpochsOutcome()
     board = open_tensorboard(run.dirs.tensorboard_dir) if main else None
-    with _StopOnSigterm() as stop:
-        for epoch in range(state.epoch, config.epochs):
-            epoch_started = time.perf_counter()
-            train_loader.sampler.set_epoch(epoch)
-            first_iteration = state.iteration
-            batches_in = train_loader
-            if main and epoch == 0 and not config.noplots:  # train_batch0..2.jpg: the first augmented batches
-                batches_in = plots.recording_batches(train_loader, run.dirs.output_dir, bundle.names)
-            result = train_one_epoch(
-                step,
-                batches_in,
-                epoch=epoch,
-                first_iteration=state.iteration,
-                last_optimizer_iteration=state.last_optimizer_iteration,
-                settings_for=run.settings_for(epoch),
-                log_every=config.log_every,
-                max_nonfinite_steps=config.max_nonfinite_steps,
-                imgsz=config.imgsz,
-                multi_scale=config.multi_scale,
-                stop_requested=lambda: stop.requested,
-                main=main,
-                world_size=run.info.world_size,
-            )
-            state.iteration += result.iterations
-            state.last_optimizer_iteration = result.last_optimizer_iteration
-            if result.stopped:
-                # restart this epoch on resume (same learning rates as an uninterrupted run)
-                if main:
-                    run.save(dataclasses.replace(state, iteration=first_iteration))
-                    print(
-                        checkpoint.interrupted_message(f"in epoch {epoch + 1}", run.dirs.checkpoint_dir),
-                        flush=True,
-                    )
-                outcome.interrupted = True
-                break
-            outcome.throughputs.append(result.throughput)
-            # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
-            metrics = None
-            last_epoch = epoch + 1 == config.epochs
-            recorder = None
-            if val_loader is not None and (not config.noval or last_epoch):
-                if not config.noplots:  # every rank records its shard; gathered to rank 0 below
-                    index = bundle.val_index
-                    recorder = plots.ValidationPlots(
-                        index.images, index.shapes, index.labels, bundle.nc, keep_first=main
-                    )
-                metrics = evaluate(
-                    run.stack.ema.module,
-                    val_loader,
-                    device=run.device,
-                    amp=run.amp,
-                    conf_thres=config.val_conf,
-                    iou_thres=config.val_iou,
-                    max_det=config.max_det,
-                    should_stop=lambda: stop.requested,
-                    on_image=recorder.on_image if recorder is not None else None,
-                    gather=True,
-                )  # None when SIGTERM cut it short, and on ranks other than 0
-                if recorder is not None:
-                    recorder.gather()  # every rank: rank 0's confusion matrix and curves cover every image
-            state.epoch = epoch + 1
+    for epoch in range(state.epoch, config.epochs):
+        epoch_started = time.perf_counter()
+        train_loader.sampler.set_epoch(epoch)
+        first_iteration = state.iteration
+        batches_in = train_loader
+        if main and epoch == 0 and not config.noplots:  # train_batch0..2.jpg: the first augmented batches
+            batches_in = plots.recording_batches(train_loader, run.dirs.output_dir, bundle.names)
+        result = train_one_epoch(
+            step,
+            batches_in,
+            epoch=epoch,
+            first_iteration=state.iteration,
+            last_optimizer_iteration=state.last_optimizer_iteration,
+            settings_for=run.settings_for(epoch),
+            log_every=config.log_every,
+            max_nonfinite_steps=config.max_nonfinite_steps,
+            imgsz=config.imgsz,
+            multi_scale=config.multi_scale,
+            stop_requested=lambda: stop.requested,
+            main=main,
+            world_size=run.info.world_size,
+        )
+        state.iteration += result.iterations
+        state.last_optimizer_iteration = result.last_optimizer_iteration
+        if result.stopped:
+            # restart this epoch on resume (same learning rates as an uninterrupted run)
             if main:
-                end_epoch(
-                    run,
-                    state,
-                    result,
-                    metrics,
-                    time.perf_counter() - epoch_started,
-                    board,
-                    recorder,
-                    tracking,
+                run.save(dataclasses.replace(state, iteration=first_iteration))
+                print(
+                    checkpoint.interrupted_message(f"in epoch {epoch + 1}", run.dirs.checkpoint_dir),
+                    flush=True,
                 )
-                outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
-            # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
-            stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
-            stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
-            if sigterm and epoch + 1 < config.epochs:
-                if main:
-                    print(
-                        checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir),
-                        flush=True,
-                    )
-                outcome.interrupted = True
-                break
-            if stop_early:
-                if main:
-                    log.info("early stop: no fitness improvement for %d epochs", config.patience)
-                break
+            outcome.interrupted = True
+            break
+        outcome.throughputs.append(result.throughput)
+        # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
+        metrics = None
+        last_epoch = epoch + 1 == config.epochs
+        recorder = None
+        if val_loader is not None and (not config.noval or last_epoch):
+            if not config.noplots:  # every rank records its shard; gathered to rank 0 below
+                index = bundle.val_index
+                recorder = plots.ValidationPlots(
+                    index.images, index.shapes, index.labels, bundle.nc, keep_first=main
+                )
+            metrics = evaluate(
+                run.stack.ema.module,
+                val_loader,
+                device=run.device,
+                amp=run.amp,
+                conf_thres=config.val_conf,
+                iou_thres=config.val_iou,
+                max_det=config.max_det,
+                should_stop=lambda: stop.requested,
+                on_image=recorder.on_image if recorder is not None else None,
+                gather=True,
+            )  # None when SIGTERM cut it short, and on ranks other than 0
+            if recorder is not None:
+                recorder.gather()  # every rank: rank 0's confusion matrix and curves cover every image
+        state.epoch = epoch + 1
+        if main:
+            end_epoch(
+                run,
+                state,
+                result,
+                metrics,
+                time.perf_counter() - epoch_started,
+                board,
+                recorder,
+                tracking,
+            )
+            outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
+        # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
+        stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
+        stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
+        if sigterm and epoch + 1 < config.epochs:
+            if main:
+                print(
+                    checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir),
+                    flush=True,
+                )
+            outcome.interrupted = True
+            break
+        if stop_early:
+            if main:
+                log.info("early stop: no fitness improvement for %d epochs", config.patience)
+            break
     if board is not None:
         board.close()
     if not outcome.interrupted and val_loader is not None:
         # the final numbers are best.pt's (every rank, sharded), not the last epoch's
-        best_metrics = validate_best(run, val_loader)
+        best_metrics = validate_best(run, val_loader, should_stop=lambda: stop.requested)
         outcome.final_metrics = best_metrics if best_metrics is not None else outcome.final_metrics
+        if main and stop.requested:
+            log.warning(
+                "SIGTERM after the last epoch: %s; writing the final outputs now",
+                "the final validation of best.pt was cut short, metrics.json keeps the last epoch's"
+                if best_metrics is None
+                else "the final validation of best.pt had finished",
+            )
         if main and best_metrics is not None:
             emit(metric_line(final=1, **best_metrics.to_dict()), main=True)
     return outcome
@@ -833,19 +842,25 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
     tracking = (
         mlflow_log.start({**config.to_dict(), "hyp": run.hyp}, run_name=config.run_name) if run.main else None
     )
-    outcome = run_epochs(run, state, step, train_loader, val_loader, bundle, tracking)
-    if run.main and not outcome.interrupted:
-        write_final_outputs(run, state, outcome, started)
-    if tracking is not None:  # after best.pt is written: it is one of the artefacts
-        tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
-    distributed.barrier()
+    # SIGTERM (spot, StopTrainingJob) stays caught to the end: after the last epoch the final outputs are
+    # still written (seconds), well within the 120 s before SIGKILL
+    with _StopOnSigterm() as stop:
+        outcome = run_epochs(run, state, step, train_loader, val_loader, bundle, stop, tracking)
+        if run.main and not outcome.interrupted:
+            write_final_outputs(run, state, outcome, started)
+        if tracking is not None:  # after best.pt is written: it is one of the artefacts
+            tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
+        distributed.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
-def validate_best(run: Run, val_loader) -> DetectionMetrics | None:
+def validate_best(
+    run: Run, val_loader, should_stop: Callable[[], bool] | None = None
+) -> DetectionMetrics | None:
     """Validate the weights model_dir/best.pt receives — the best checkpoint's EMA, rounded to float16 as
     it is stored — on every rank, sharded. Rank 0 reads best.pt and broadcasts the weights (checkpoint
-    folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt."""
+    folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt,
+    and when `should_stop()` turns true (SIGTERM) on any rank."""
     ema, config = run.stack.ema, run.config
     best_path = run.dirs.checkpoint_dir / checkpoint.BEST
     if not distributed.broadcast_object(best_path.is_file() if run.main else None):
@@ -865,6 +880,7 @@ def validate_best(run: Run, val_loader) -> DetectionMetrics | None:
         conf_thres=config.val_conf,
         iou_thres=config.val_iou,
         max_det=config.max_det,
+        should_stop=should_stop,
         gather=True,
     )
 

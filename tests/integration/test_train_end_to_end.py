@@ -248,6 +248,31 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
         assert [r[key] for r in rows] == [r[key] for r in base_rows]
 
 
+def test_sigterm_after_the_last_epoch_still_writes_the_model(tmp_path):
+    """A SIGTERM that arrives after the last epoch (the final validation of best.pt, the exports) is
+    caught: the job cuts the validation short, writes the final outputs and exits 0, instead of dying
+    with the model dir empty. 600 val images: the validation lasts seconds, so the signal lands in it."""
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    data = make_default_dataset(tmp_path / "data", n_train=16, n_val=600, imgsz=128, seed=1)
+    out = tmp_path / "run"
+    cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "1", "--batch-size", "8")
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("epoch=1 epochs=1"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert proc.returncode == 0, output[-3000:]
+    assert "SIGTERM received" in output
+    assert "SIGTERM after the last epoch" in output
+    assert torch.load(out / "model" / "best.pt", weights_only=True)
+    assert json.loads((out / "model" / "metrics.json").read_text())["epochs"] == 1
+
+
 def test_non_finite_loss_is_reported_clearly(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
     proc = subprocess.run(
