@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
 from yolov5_smddp.bench.timing import PhaseClock
@@ -159,6 +160,21 @@ def test_bench_train_real_loader_on_synthetic_data(tmp_path):
     (row,) = report["results"]
     assert report["loader"] == "real" and row["channels_last"] is True
     assert row["samples_per_s_per_gpu"] > 0 and row["data_wait_ms"] > 0
+
+
+def test_bench_train_times_the_colour_on_the_device_batch(tmp_path):
+    """`--color-aug device`: the staged batches carry colour parameters and the step applies them (on
+    CPU that costs far more than the workers' OpenCV, which is why `auto` keeps them there)."""
+    from yolov5_smddp.bench import inputs
+    from yolov5_smddp.config import load_hyp
+
+    staged = inputs.staged_synthetic(2, 64, 3, torch.device("cpu"), hyp=load_hyp("scratch-low"))
+    assert all(color is not None and color.shape == (2, 6) for _, _, color in staged)
+    assert all(color is None for _, _, color in inputs.staged_synthetic(2, 64, 3, torch.device("cpu")))
+    plain = run_bench(tmp_path / "plain", "--amp", "off", "--channels-last", "off")
+    device = run_bench(tmp_path / "device", "--amp", "off", "--channels-last", "off", "--color-aug", "device")
+    assert plain["color_on_device"] is False and device["color_on_device"] is True
+    assert device["results"][0]["samples_per_s_per_gpu"] > 0
 
 
 def test_bench_train_refuses_bad_imgsz_and_fp16_on_cpu():

@@ -2,7 +2,9 @@
 pipeline (the project's dataset + DataLoader, to expose input-bound settings).
 
 Every batch is (images uint8 [B, 3, H, W], targets float32 [n, 6] = (image index, class, xc, yc, w, h)
-normalised to the network input), the loader's contract; the step converts images on the device.
+normalised to the network input, colour): the loader's contract. colour is None, or with HSV and flips on
+the device batch (`--color-aug`) the float64 [B, 6] parameters (`data.color`); the step converts images
+(and applies the colour) on the device, as in training.
 """
 
 from __future__ import annotations
@@ -33,26 +35,33 @@ def synthetic_targets(batch: int, nc: int, generator: torch.Generator) -> torch.
 
 
 def staged_synthetic(
-    batch: int, imgsz: int, nc: int, device: torch.device
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """STAGED_BATCHES random uint8 batches and their targets, already on `device`."""
+    batch: int, imgsz: int, nc: int, device: torch.device, hyp: dict | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """STAGED_BATCHES random uint8 batches and their targets, already on `device`; with `hyp` (HSV and
+    flips on the device batch) also colour parameters drawn from its gains, as the workers draw them."""
+    import numpy as np
+
+    from yolov5_smddp.data.augment import AugmentParams, draw_color_params
+
     generator = torch.Generator().manual_seed(0)
-    return [
-        (
-            torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=generator).to(
-                device
-            ),
-            synthetic_targets(batch, nc, generator).to(device),
-        )
-        for _ in range(STAGED_BATCHES)
-    ]
+    rng = np.random.default_rng(0)
+    staged = []
+    for _ in range(STAGED_BATCHES):
+        images = torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=generator)
+        targets = synthetic_targets(batch, nc, generator)
+        color = None
+        if hyp is not None:
+            p = AugmentParams.from_hyp(hyp)
+            color = torch.from_numpy(np.stack([draw_color_params(p, rng) for _ in range(batch)])).to(device)
+        staged.append((images.to(device), targets.to(device), color))
+    return staged
 
 
-def stage(loader_batches: Iterator[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> list:
+def stage(loader_batches: Iterator[tuple], device: torch.device) -> list:
     """The first STAGED_BATCHES batches of a real pipeline, copied to `device` once."""
     return [
-        (images.to(device), targets.to(device))
-        for images, targets in itertools.islice(loader_batches, STAGED_BATCHES)
+        (images.to(device), targets.to(device), None if color is None else color.to(device))
+        for images, targets, color in itertools.islice(loader_batches, STAGED_BATCHES)
     ]
 
 
@@ -68,11 +77,19 @@ def dataset_yaml(data: str, scratch: Path, imgsz: int, batch: int) -> Path:
 
 
 def pipeline_batches(
-    yaml_path: Path, *, imgsz: int, batch: int, workers: int, hyp: dict, cache_dir: Path, local_gpus: int
-) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int, int]:
-    """Endless (images, targets) from the training pipeline (mosaic augmentation on, as in training);
-    returns (batches, number of classes, DataLoader workers used). Label caches go to `cache_dir`, never
-    into the dataset."""
+    yaml_path: Path,
+    *,
+    imgsz: int,
+    batch: int,
+    workers: int,
+    hyp: dict,
+    cache_dir: Path,
+    local_gpus: int,
+    color_on_device: bool = False,
+) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], int, int]:
+    """Endless (images, targets, colour) from the training pipeline (mosaic augmentation on, as in
+    training; `color_on_device` as `--color-aug`); returns (batches, number of classes, DataLoader workers
+    used). Label caches go to `cache_dir`, never into the dataset."""
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
@@ -82,7 +99,9 @@ def pipeline_batches(
     index = build_label_index(
         config.train, nc=config.nc, root=config.root, cache_dir=cache_dir, workers=max(workers, 1)
     )
-    dataset = YoloDataset(index, imgsz, augment=True, hyp=hyp, batch_size=batch)
+    dataset = YoloDataset(
+        index, imgsz, augment=True, hyp=hyp, batch_size=batch, color_on_device=color_on_device
+    )
     used_workers = num_workers_per_rank(os.cpu_count() or 1, local_gpus, batch, workers)
     loader = build_dataloader(
         dataset,
@@ -97,10 +116,10 @@ def pipeline_batches(
     if len(loader) == 0:
         raise DataError(f"{yaml_path}: {len(dataset)} training images are fewer than one batch of {batch}")
 
-    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         for epoch in itertools.count():
             loader.sampler.set_epoch(epoch)
-            for images, targets, _paths, _shapes, _color in loader:
-                yield images, targets
+            for images, targets, _paths, _shapes, color in loader:
+                yield images, targets, color
 
     return forever(), config.nc, used_workers

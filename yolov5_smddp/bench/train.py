@@ -159,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=8, help="DataLoader workers (--loader real / --data PATH)"
     )
+    parser.add_argument(
+        "--color-aug",
+        choices=("auto", "workers", "device"),
+        default="auto",
+        help="HSV jitter and flips as in training (`train --color-aug`): auto = on the device batch on "
+        "CUDA (timed in the step), in the loader workers on CPU",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     parser.add_argument(
         "--peak-tflops",
@@ -194,11 +201,14 @@ def _peak_memory_mb(device_type: str) -> float:
 def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tuple[Iterator, int]:
     """(endless batches, number of classes) for one combination."""
     from yolov5_smddp.bench import inputs
+    from yolov5_smddp.data.color import runs_on_device
 
+    color_on_device = runs_on_device(args.color_aug, device.type)
     if args.loader == "device" and args.data == "synthetic":
-        return itertools.cycle(
-            inputs.staged_synthetic(combo.batch, args.imgsz, DEFAULT_NC, device)
-        ), DEFAULT_NC
+        staged = inputs.staged_synthetic(
+            combo.batch, args.imgsz, DEFAULT_NC, device, hyp=hyp if color_on_device else None
+        )
+        return itertools.cycle(staged), DEFAULT_NC
     yaml_path = inputs.dataset_yaml(args.data, scratch, args.imgsz, combo.batch)
     batches, nc, workers = inputs.pipeline_batches(
         yaml_path,
@@ -208,6 +218,7 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
         hyp=hyp,
         cache_dir=scratch / "label-cache",
         local_gpus=1,
+        color_on_device=color_on_device,
     )
     log.info("data: %s, %d DataLoader workers", yaml_path, workers)
     if args.loader == "device":
@@ -275,7 +286,8 @@ def measure(
             torch.cuda.synchronize()
 
     for _ in range(args.warmup):
-        step.micro_step(*next(batches), sync=True)
+        images, targets, color = next(batches)
+        step.micro_step(images, targets, sync=True, color=color)
         step.optimizer_step()
     synchronize()
     if device.type == "cuda":
@@ -284,10 +296,10 @@ def measure(
     start = time.perf_counter()
     for _ in range(args.iters):
         fetch = time.perf_counter()
-        images, targets = next(batches)
+        images, targets, color = next(batches)
         data_wait += time.perf_counter() - fetch
         clock.start()
-        step.micro_step(images, targets, sync=True)
+        step.micro_step(images, targets, sync=True, color=color)
         clock.after_backward()
         step.optimizer_step()
         clock.after_optimizer()
@@ -329,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.data.color import runs_on_device
     from yolov5_smddp.engine import resolve_amp
     from yolov5_smddp.models.yolo import build_model
 
@@ -362,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
             "torch": torch.__version__,
             "loader": args.loader,
             "data": args.data,
+            "color_on_device": runs_on_device(args.color_aug, device.type),
             "iters": args.iters,
             "warmup": args.warmup,
             "compile": args.compile,
