@@ -28,7 +28,7 @@ HYP_NAMES = ("scratch-low", "scratch-med", "scratch-high")
 Optimizer = Literal["SGD", "Adam", "AdamW"]
 AmpMode = Literal["auto", "fp16", "bf16", "off"]
 Backend = Literal["auto", "smddp", "nccl", "gloo"]
-CacheMode = Literal["ram"]  # decoded images in RAM, each rank its own shard
+CacheMode = Literal["ram", "disk"]  # decoded images in RAM (each rank its shard) or on local disk
 MosaicPartners = Literal["random", "recent"]  # the release's sampling; the opt-in recent-image pool
 ColorAug = Literal["auto", "workers", "device"]  # where HSV jitter and flips run (data/color.py)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
@@ -331,9 +331,15 @@ class TrainConfig:
     sync_bn: bool = option(False, help="SyncBatchNorm under DDP")
     """SyncBatchNorm under DDP (GPU backends only)."""
     cache: CacheMode | None = option(
-        None, help="cache decoded images in RAM", parse=_optional_cache, nargs="?", const="ram"
+        None,
+        help="cache decoded images: ram (each rank its shard) or disk (under --cache-dir, one copy per node)",
+        parse=_optional_cache,
+        nargs="?",
+        const="ram",
     )
-    """cache decoded images: 'ram' (each rank its shard); None → decode every time. No disk cache."""
+    """cache decoded, resized images: 'ram' (each rank its shard, in its memory); 'disk' (uncompressed
+    under --cache-dir, never in the dataset: memory-mapped, one copy per node in the page cache, kept
+    across runs; data/pixelcache.py); None → decode every time."""
     mosaic_partners: MosaicPartners = option("random", help=RECENT_PARTNERS_HELP)
     """mosaic sampling: 'random' (the release's) or 'recent' (faster, less accurate; see
     RECENT_PARTNERS_HELP and docs/ACCURACY.md)."""
@@ -433,7 +439,7 @@ class TrainConfig:
             self.cache in (None, *CACHE_MODES),
             "--cache",
             self.cache,
-            "must be 'ram' (or absent); there is no disk cache",
+            "must be 'ram', 'disk' or absent",
         )
         _check(
             self.mosaic_partners in MOSAIC_PARTNERS,

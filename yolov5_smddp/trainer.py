@@ -35,6 +35,7 @@ from torch import nn
 from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
+from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import (
     NOMINAL_BATCH,
@@ -230,6 +231,30 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 
 
+def disk_caches(
+    config: TrainConfig, bundle: DataBundle, cache_dir: Path, *, main: bool
+) -> tuple[DiskPixelCache | None, DiskPixelCache | None]:
+    """With `--cache disk`: the train and val pixel caches under cache_dir/pixels (one resize rule each),
+    after checking that the folder can hold them (DataError naming sizes and folder); else (None, None)."""
+    if config.cache != "disk":
+        return None, None
+    train = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=True)
+    val = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=False)
+
+    def need(index) -> int:
+        shapes = np.asarray(index.shapes, dtype=np.float64).reshape(-1, 2)
+        scaled = np.maximum(np.round(shapes * (config.imgsz / shapes.max(axis=1, keepdims=True))), 1)
+        return entry_bytes(scaled.astype(int).tolist())
+
+    caches = [(train, need(bundle.train_index))]
+    if bundle.val_index is not None and len(bundle.val_index.images):
+        caches.append((val, need(bundle.val_index)))
+    line = check_space(caches)
+    if main:
+        log.info("%s", line)
+    return train, val if len(caches) > 1 else None
+
+
 def build_loaders(
     config: TrainConfig,
     bundle: DataBundle,
@@ -237,11 +262,13 @@ def build_loaders(
     per_rank: int,
     info,
     stride: int,
-    color_on_device: bool = False,
+    color_on_device: bool,
+    cache_dir: Path,
 ):
     """Train loader for this rank; val loader over this rank's shard of whole val batches (see valshard).
-    `color_on_device`: the train items leave HSV and flips to the device batch. DataError when the
-    training set cannot fill one batch per rank."""
+    `color_on_device`: the train items leave HSV and flips to the device batch; `cache_dir`: where
+    `--cache disk` keeps the decoded images. DataError when the training set cannot fill one batch per
+    rank, or the cache folder cannot hold the decoded images."""
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import (
         build_dataloader,
@@ -252,6 +279,7 @@ def build_loaders(
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
+    train_pixels, val_pixels = disk_caches(config, bundle, cache_dir, main=info.rank == 0)
     train_set = YoloDataset(
         bundle.train_index,
         config.imgsz,
@@ -260,10 +288,11 @@ def build_loaders(
         rect=config.rect,
         batch_size=per_rank,
         stride=stride,
-        cache_images=config.cache,
+        cache_images="ram" if config.cache == "ram" else None,  # disk: disk_cache
         mosaic_partners=config.mosaic_partners,
         seed=config.seed,
         color_on_device=color_on_device,
+        disk_cache=train_pixels,
     )
     train_loader = build_dataloader(
         train_set,
@@ -286,6 +315,7 @@ def build_loaders(
         rank=info.rank,
         world_size=info.world_size,
         hyp=hyp,
+        disk_cache=val_pixels,
     )
     if info.rank == 0:
         log.info("val: %s", split_summary(len(val_loader.dataset), val_batch, info.world_size))
@@ -820,7 +850,14 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
     # -- step and loaders
     step = build_step(run)
     train_loader, val_loader, workers = build_loaders(
-        config, bundle, run.hyp, decided.plan.per_rank, info, int(model.stride.max()), decided.color_on_device
+        config,
+        bundle,
+        run.hyp,
+        decided.plan.per_rank,
+        info,
+        int(model.stride.max()),
+        decided.color_on_device,
+        dirs.cache_dir,
     )
     run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
     run.batches_per_epoch = len(train_loader)

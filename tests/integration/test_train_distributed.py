@@ -76,13 +76,20 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
         "--no-python",
         sys.executable,
         *_train_module(),
-        *_options(out, data, "--backend", "smddp", "--epochs", "1"),
+        *_options(out, data, "--backend", "smddp", "--epochs", "1", "--cache", "disk"),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "backend=smddp world_size=2 global_batch=8 per_rank=4" in proc.stdout
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)
+    # --cache disk: both ranks filled one folder (every train image is some item's primary: all 32; the
+    # 8 val images under validation's resize rule), whole entries only
+    pixels = out / "cache" / "pixels"
+    assert "--cache disk: decoded images in" in proc.stdout
+    assert len(list((pixels / "v1-64-train").rglob("*.bgr"))) == 32
+    assert len(list((pixels / "v1-64-val").rglob("*.bgr"))) == 8
+    assert not list(pixels.rglob("*.tmp"))
     assert torch.load(out / "ckpt" / "last.pt", weights_only=True)["world_size"] == 2
 
     # resume on ONE process with more epochs: continues at epoch 2 from the 2-rank checkpoint

@@ -51,7 +51,7 @@ def test_json_ish_values():
         (["--rect", "maybe"], "--rect"),
         (["--hyp-override", "lr0=5"], "lr0"),
         (["--hyp-override", "warp=1"], "warp"),
-        (["--cache", "disk"], "--cache"),
+        (["--cache", "nvme"], "--cache"),
         (["--log-every", "0"], "--log-every"),
         (["--max-image-pixels", "0"], "--max-image-pixels"),
         (["--max_image_pixels", "1e8"], "max_image_pixels"),
@@ -166,4 +166,5 @@ def test_every_option_comes_from_a_field():
     assert actions["hyp_overrides"].option_strings[0] == "--hyp-override"
     assert parse_train_args(["--backend", "GLOO", "--amp", "BF16"]).backend == "gloo"
     assert parse_train_args(["--batch-size", "none", "--cache"]).cache == "ram"
+    assert parse_train_args(["--cache", "disk"]).cache == "disk"
     assert parse_train_args(["--weights", "None"]).weights is None

@@ -57,6 +57,7 @@ from yolov5_smddp.data.augment import (
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.labels import LabelIndex
 from yolov5_smddp.data.letterbox import letterbox
+from yolov5_smddp.data.pixelcache import DiskPixelCache
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ class YoloDataset:
         partner_pool: int = 32,
         seed: int = 0,
         color_on_device: bool = False,
+        disk_cache: DiskPixelCache | None = None,
     ) -> None:
         if cache_images not in CACHE_MODES:
             raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
@@ -143,6 +145,7 @@ class YoloDataset:
         self.mosaic_partners = mosaic_partners
         self.partner_pool = max(int(partner_pool), _MIN_POOL_FOR_PARTNERS)
         self.color_on_device = bool(color_on_device) and augment
+        self.disk_cache = disk_cache
         self.rng = np.random.default_rng(seed)
         self.images: list[Path] = list(index.images)
         self.shapes = np.asarray(index.shapes, dtype=np.int32).reshape(-1, 2)
@@ -186,8 +189,7 @@ class YoloDataset:
         path = self.images[i]
         if i in self._undecodable:
             raise UndecodableImage(i, path, self._undecodable[i])
-        h0, w0 = (int(v) for v in self.shapes[i])
-        long_side = max(h0, w0)
+        long_side = int(self.shapes[i].max())
         flag = cv2.IMREAD_COLOR
         for factor, reduced in _REDUCED_FLAGS:
             if long_side >= factor * self.img_size and path.suffix.lower() in (".jpg", ".jpeg"):
@@ -200,19 +202,31 @@ class YoloDataset:
             then = "another image takes its place" if self.augment else "left out of the validation metrics"
             log.warning("skipped: %s: %s; %s", path, self._undecodable[i], then)
             raise UndecodableImage(i, path, self._undecodable[i]) from None
-        r = self.img_size / long_side
-        new_wh = (max(round(w0 * r), 1), max(round(h0 * r), 1))
+        new_wh = self.resized_hw(i)[::-1]
         if (img.shape[1], img.shape[0]) != new_wh:
             shrink = img.shape[1] > new_wh[0]
             interp = cv2.INTER_AREA if shrink and not self.augment else cv2.INTER_LINEAR
             img = cv2.resize(img, new_wh, interpolation=interp)
         return img
 
+    def resized_hw(self, i: int) -> tuple[int, int]:
+        """(h, w) of image i with its long side resized to img_size."""
+        h0, w0 = (int(v) for v in self.shapes[i])
+        r = self.img_size / max(h0, w0)
+        return max(round(h0 * r), 1), max(round(w0 * r), 1)
+
     def load_image(self, i: int) -> np.ndarray:
-        """Resized BGR image of item i (RAM cache, then the recent pool, then a decode)."""
+        """Resized BGR image of item i (RAM cache, then the recent pool, then the disk cache, then a
+        decode, which fills the disk cache)."""
         img = self._ram.get(i)
         if img is None:
             img = self._recent.get(i)
+        if img is None and self.disk_cache is not None:
+            key = self.disk_cache.key(self.images[i])
+            img = self.disk_cache.get(key, self.resized_hw(i))
+            if img is None:
+                img = self._decode_resized(i)
+                self.disk_cache.put(key, img)
         if img is None:
             img = self._decode_resized(i)
         if self.augment and self.mosaic_partners == "recent":

@@ -248,12 +248,22 @@ def build_val_loader(
     rank: int = 0,
     world_size: int = 1,
     hyp: dict | None = None,
+    disk_cache=None,
 ) -> YoloLoader:
     """The validation loader of training and of `yolov5-smddp val` for one rank: images of `index`
     letterboxed in rectangular batches (pad 0.5 stride), no augmentation, in order; this rank's contiguous
-    block of WHOLE batches (see `valshard`), nothing padded or repeated."""
+    block of WHOLE batches (see `valshard`), nothing padded or repeated. `disk_cache`: a
+    data.pixelcache.DiskPixelCache for validation's resize rule (`--cache disk`), or None."""
     dataset = YoloDataset(
-        index, imgsz, augment=False, hyp=hyp, rect=True, batch_size=batch_size, stride=stride, pad=0.5
+        index,
+        imgsz,
+        augment=False,
+        hyp=hyp,
+        rect=True,
+        batch_size=batch_size,
+        stride=stride,
+        pad=0.5,
+        disk_cache=disk_cache,
     )
     indices = shard_images(len(dataset), batch_size, max(world_size, 1), rank)
     return YoloLoader(
