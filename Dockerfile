@@ -21,6 +21,11 @@ RUN python3 -c "import torch, torchvision, cv2, yaml, numpy; \
 print('base image: torch', torch.__version__, 'torchvision', torchvision.__version__, 'cv2', cv2.__version__, \
 'yaml', yaml.__version__, 'numpy', numpy.__version__)"
 
+# best.onnx beside best.torchscript in the model folder (yolov5_smddp.serving writes it when onnx imports):
+# the onnx package, unless the base carries one already.
+RUN python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
+        --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"
+
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
 COPY pyproject.toml LICENSE README.md /opt/yolov5-smddp/
 COPY entrypoint.py docker/entry.py /opt/yolov5-smddp/

@@ -44,6 +44,8 @@ def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_p
     assert "wrote a single-host config" in log
     assert "launch: single" in log
     assert (model / "best.pt").is_file() and (model / "metrics.json").is_file()
+    # the serving files: TorchScript, and ONNX (the image carries the onnx package)
+    assert (model / "best.torchscript").is_file() and (model / "best.onnx").is_file(), sorted(model.iterdir())
 
 
 def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path, engine: Engine):
