@@ -1,8 +1,9 @@
 """Mosaic training samples from one process: the release's dataset against ours with the release's
 sampling (the default), ours with HSV and flips left to the device batch (`--color-aug device`, the
-default on CUDA), ours with the opt-in recent-image pool, and both with the RAM cache; same JPEGs, same
-augmentation settings (scratch-low), same shuffled order, interleaved rounds so that a shared machine's
-load hits every row alike. Reports samples/s (wall) and CPU ms per sample (process time).
+default on CUDA), ours with the opt-in recent-image pool, and both with the RAM cache and with the disk
+cache (filled before timing); same JPEGs, same augmentation settings (scratch-low), same shuffled order,
+interleaved rounds so that a shared machine's load hits every row alike. Reports samples/s (wall) and CPU
+ms per sample (process time).
 
 The device-colour row is what a loader worker does for a GPU; the batch's HSV and flips then run on the
 GPU. `--device-cost` also times `data.color.apply_color` on this CPU per sample (what a CPU-only run would
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -67,6 +69,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=240)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--no-ram", action="store_true", help="leave out the RAM-cache rows")
+    parser.add_argument("--no-disk", action="store_true", help="leave out the disk-cache rows")
     parser.add_argument("--device-cost", action="store_true", help="also time apply_color on this CPU")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -82,6 +85,7 @@ def main() -> int:
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.pixelcache import DiskPixelCache
 
     hostmem.tune_malloc()  # as our CLI does; the release shares the process, so it gets it too
     cv2.setNumThreads(1)
@@ -112,17 +116,53 @@ def main() -> int:
             datasets["release, --cache ram"] = LoadImagesAndLabels(
                 train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp, cache_images="ram"
             )
-            ours_ram = YoloDataset(index, args.imgsz, augment=True, hyp=hyp, cache_images="ram")
-            ours_ram.cache_shard(list(range(len(ours_ram))))
-            datasets["ours, release sampling, --cache ram"] = ours_ram
+            for color_on_device in (False, True):
+                ours_ram = YoloDataset(
+                    index,
+                    args.imgsz,
+                    augment=True,
+                    hyp=hyp,
+                    cache_images="ram",
+                    color_on_device=color_on_device,
+                )
+                ours_ram.cache_shard(list(range(len(ours_ram))))
+                name = "colour on device, " if color_on_device else ""
+                datasets[f"ours, release sampling, {name}--cache ram"] = ours_ram
+        if not args.no_disk:  # both caches filled before timing. The release writes .npy files beside the
+            # images, and then loads them whatever its cache mode: its disk row gets its own copy of the
+            # throwaway dataset, so that the plain release row still decodes JPEGs. Ours: its cache folder.
+            copy = Path(tmp) / "release-disk"
+            shutil.copytree(Path(train_dir).parents[1], copy)
+            datasets["release, --cache disk"] = LoadImagesAndLabels(
+                str(copy / Path(train_dir).relative_to(Path(train_dir).parents[1])),
+                img_size=args.imgsz,
+                batch_size=16,
+                augment=True,
+                hyp=hyp,
+                cache_images="disk",
+            )
+            for color_on_device in (False, True):
+                pixels = DiskPixelCache(Path(tmp) / "pixels", args.imgsz, augment=True)
+                ours_disk = YoloDataset(
+                    index,
+                    args.imgsz,
+                    augment=True,
+                    hyp=hyp,
+                    disk_cache=pixels,
+                    color_on_device=color_on_device,
+                )
+                for i in range(len(ours_disk)):
+                    ours_disk.load_image(i)
+                name = "colour on device, " if color_on_device else ""
+                datasets[f"ours, release sampling, {name}--cache disk"] = ours_disk
         rows = _rows({name: stream(ds) for name, ds in datasets.items()}, args.iters, args.rounds)
     base = rows["release"]["samples_per_s"]
     print(
-        f"{'mosaic samples at ' + str(args.imgsz) + ', 1 process':<40} {'samples/s':>10} {'vs release':>10} {'CPU ms/sample':>14}"
+        f"{'mosaic samples at ' + str(args.imgsz) + ', 1 process':<52} {'samples/s':>10} {'vs release':>10} {'CPU ms/sample':>14}"
     )
     for name, row in rows.items():
         print(
-            f"{name:<40} {row['samples_per_s']:>10.1f} {row['samples_per_s'] / base:>9.2f}x "
+            f"{name:<52} {row['samples_per_s']:>10.1f} {row['samples_per_s'] / base:>9.2f}x "
             f"{row['cpu_ms_per_sample']:>14.2f}"
         )
     device_ms = _device_cost_ms(args.imgsz, hyp) if args.device_cost else None
