@@ -337,8 +337,8 @@ class TrainConfig:
         nargs="?",
         const="ram",
     )
-    """cache decoded, resized images: 'ram' (each rank its shard, in its memory); 'disk' (uncompressed
-    under --cache-dir, never in the dataset: memory-mapped, one copy per node in the page cache, kept
+    """cache decoded, resized images: 'ram' (each rank its shard, in its memory); 'disk' (raw pixels under
+    --cache-dir, never in the dataset: one copy per node, in the page cache after the first epoch, kept
     across runs; data/pixelcache.py); None → decode every time."""
     mosaic_partners: MosaicPartners = option("random", help=RECENT_PARTNERS_HELP)
     """mosaic sampling: 'random' (the release's) or 'recent' (faster, less accurate; see

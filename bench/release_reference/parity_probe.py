@@ -92,9 +92,20 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     rmodel, ropt, rloss = release_side(_release_model(cfg.nc, hyp, args.imgsz))
     ours = build_model("yolov5n", nc=cfg.nc)
     ours.load_state_dict(rmodel.state_dict())
+    if args.channels_last:  # as the trainer runs by default (--channels-last)
+        ours.to(memory_format=torch.channels_last)
     amp = AmpPolicy("off", "cpu")
     stack = build_training_stack(ours, hyp, nc=cfg.nc, imgsz=args.imgsz, global_batch=b, amp=amp)
-    step = TrainStep(ours, stack.criterion, stack.optimizer, stack.scaler, None, amp, torch.device("cpu"))
+    step = TrainStep(
+        ours,
+        stack.criterion,
+        stack.optimizer,
+        stack.scaler,
+        None,
+        amp,
+        torch.device("cpu"),
+        channels_last=args.channels_last,
+    )
     control = _release_model(cfg.nc, hyp, args.imgsz)
     control.load_state_dict(rmodel.state_dict())
     with torch.no_grad():
@@ -211,6 +222,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--weights", nargs="*", default=[])
+    parser.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours as the trainer runs it",
+    )
     args = parser.parse_args()
     import tempfile
 
