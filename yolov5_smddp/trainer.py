@@ -238,13 +238,14 @@ def disk_caches(
     after checking that the folder can hold them (DataError naming sizes and folder); else (None, None)."""
     if config.cache != "disk":
         return None, None
+    from yolov5_smddp.data.dataset import resized_hw
+
     train = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=True)
     val = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=False)
 
     def need(index) -> int:
-        shapes = np.asarray(index.shapes, dtype=np.float64).reshape(-1, 2)
-        scaled = np.maximum(np.round(shapes * (config.imgsz / shapes.max(axis=1, keepdims=True))), 1)
-        return entry_bytes(scaled.astype(int).tolist())
+        shapes = np.asarray(index.shapes).reshape(-1, 2)
+        return entry_bytes(resized_hw(shape, config.imgsz) for shape in shapes)
 
     caches = [(train, need(bundle.train_index))]
     if bundle.val_index is not None and len(bundle.val_index.images):
@@ -740,17 +741,12 @@ def run_epochs(
                 recorder = plots.ValidationPlots(
                     index.images, index.shapes, index.labels, bundle.nc, keep_first=main
                 )
-            metrics = evaluate(
+            metrics = validate(
+                run,
                 run.stack.ema.module,
                 val_loader,
-                device=run.device,
-                amp=run.amp,
-                conf_thres=config.val_conf,
-                iou_thres=config.val_iou,
-                max_det=config.max_det,
                 should_stop=lambda: stop.requested,
                 on_image=recorder.on_image if recorder is not None else None,
-                gather=True,
             )  # None when SIGTERM cut it short, and on ranks other than 0
             if recorder is not None:
                 recorder.gather()  # every rank: rank 0's confusion matrix and curves cover every image
@@ -898,7 +894,7 @@ def validate_best(
     it is stored — on every rank, sharded. Rank 0 reads best.pt and broadcasts the weights (checkpoint
     folders are per node); rank 0 gets the metrics, the others None; None everywhere without a best.pt,
     and when `should_stop()` turns true (SIGTERM) on any rank."""
-    ema, config = run.stack.ema, run.config
+    ema = run.stack.ema
     best_path = run.dirs.checkpoint_dir / checkpoint.BEST
     if not distributed.broadcast_object(best_path.is_file() if run.main else None):
         return None
@@ -909,8 +905,17 @@ def validate_best(
         for tensor in ema.module.state_dict().values():
             if tensor.is_floating_point():
                 tensor.copy_(tensor.half().float())
+    return validate(run, ema.module, val_loader, should_stop=should_stop)
+
+
+def validate(
+    run: Run, module: nn.Module, val_loader, *, should_stop: Callable[[], bool] | None, on_image=None
+) -> DetectionMetrics | None:
+    """`engine.evaluate` of `module` with the run's validation settings (conf, IoU, max detections),
+    sharded over the ranks: the metrics on rank 0, None elsewhere and when `should_stop()` turned true."""
+    config = run.config
     return evaluate(
-        ema.module,
+        module,
         val_loader,
         device=run.device,
         amp=run.amp,
@@ -918,6 +923,7 @@ def validate_best(
         iou_thres=config.val_iou,
         max_det=config.max_det,
         should_stop=should_stop,
+        on_image=on_image,
         gather=True,
     )
 

@@ -110,6 +110,14 @@ def rect_batch_shapes(
     return (np.ceil(shapes * img_size / stride + pad) * stride).astype(int)
 
 
+def resized_hw(shape_hw, img_size: int) -> tuple[int, int]:
+    """(h, w) of an image of `shape_hw` with its long side resized to img_size (what the loader decodes
+    to, and what `--cache disk` stores)."""
+    h0, w0 = (int(v) for v in shape_hw)
+    r = img_size / max(h0, w0)
+    return max(round(h0 * r), 1), max(round(w0 * r), 1)
+
+
 class YoloDataset:
     """A map-style dataset over a LabelIndex (see the module docstring for items and speed levers)."""
 
@@ -211,9 +219,7 @@ class YoloDataset:
 
     def resized_hw(self, i: int) -> tuple[int, int]:
         """(h, w) of image i with its long side resized to img_size."""
-        h0, w0 = (int(v) for v in self.shapes[i])
-        r = self.img_size / max(h0, w0)
-        return max(round(h0 * r), 1), max(round(w0 * r), 1)
+        return resized_hw(self.shapes[i], self.img_size)
 
     def load_image(self, i: int) -> np.ndarray:
         """Resized BGR image of item i (RAM cache, then the recent pool, then the disk cache, then a
