@@ -11,12 +11,12 @@ uint8 [H, W, 3] RGB array saved with numpy.save). Response (application/json), t
 with boxes in the original image's pixels. Thresholds: environment variables YOLOV5_CONF (0.25), YOLOV5_IOU
 (0.45), YOLOV5_MAX_DET (300).
 
-Limits, checked before anything is decoded (a PNG of 1 MB can claim 20000 x 20000 pixels, 1.2 GB decoded):
-the pixels an image's header (or an .npy header's shape) claims, YOLOV5_MAX_IMAGE_PIXELS (default 2^27 =
-134,217,728, training's --max-image-pixels default), and the request body's bytes, YOLOV5_MAX_REQUEST_BYTES
-(default 3 bytes per admitted pixel plus 1 MiB: an .npy array at the pixel limit). A refused request raises
-RequestRefused, which SageMaker's inference toolkit answers with its 4xx status code and one-line reason;
-any other exception is answered 500.
+Limits, checked before anything is decoded (a PNG under 2 MB can claim 20000 x 20000 pixels, 1.2 GB
+decoded): the pixels an image's header (or an .npy header's shape) claims, YOLOV5_MAX_IMAGE_PIXELS (default
+2^27 = 134,217,728, training's --max-image-pixels default), and the request body's bytes,
+YOLOV5_MAX_REQUEST_BYTES (default 3 bytes per admitted pixel plus 1 MiB: an .npy array at the pixel limit).
+A refused request raises RequestRefused, which SageMaker's inference toolkit answers with its 4xx status
+code and one-line reason; any other exception is answered 500.
 """
 
 from __future__ import annotations
