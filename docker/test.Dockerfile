@@ -16,6 +16,10 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-
         "onnx==1.18.0" "onnxruntime==1.22.0" \
     && (python3 -c "import matplotlib" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install \
         --no-cache-dir -q --root-user-action=ignore "matplotlib==3.10.0")
+# tests/unit/test_serving.py runs code/inference.py under the SageMaker PyTorch serving stack's Python side
+# (TorchServe's backend and the two inference toolkits, pinned); their dependencies come with the base
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore --no-deps \
+        "torchserve==0.12.0" "sagemaker-inference==1.10.1" "sagemaker-pytorch-inference==2.0.25"
 ENV PYTHONPATH=/src USE_LIBUV=0
 WORKDIR /src
 ENTRYPOINT []
