@@ -6,13 +6,13 @@ steps on fixed batches. The data are SHARDS shards of MICRO_STEPS batches of PER
 batch different (its own random images and labels).
 
 - `ddp` (WORLD_SIZE ranks = SHARDS): rank r trains on shard r, accumulation ACCUMULATE, the loss times the
-  world size (as the trainer does). DDP averages the gradients over the ranks, so each optimizer step
-  applies the sum over both shards' ACCUMULATE batches of each batch's own gradient.
+  trainer's `loss_multiplier` (the world size). DDP averages the gradients over the ranks, so each
+  optimizer step applies the sum over both shards' ACCUMULATE batches of each batch's own gradient.
 - `reference` (1 process): every shard's batches, interleaved (batch m of shard 0, batch m of shard 1, then
-  m + 1 ...), each as its own micro-step, accumulation ACCUMULATE x SHARDS, the loss times 1 (world size
-  1, as the trainer does): the same batches in each optimizer step, so the same gradient sum; and each
-  micro-step sees the same PER_RANK images as one rank's micro-step did, so batch-norm batch statistics
-  match too. Only the order of the floating-point additions differs.
+  m + 1 ...), each as its own micro-step, accumulation ACCUMULATE x SHARDS, the loss times the trainer's
+  `loss_multiplier` (1 for one process): the same batches in each optimizer step, so the same gradient
+  sum; and each micro-step sees the same PER_RANK images as one rank's micro-step did, so batch-norm batch
+  statistics match too. Only the order of the floating-point additions differs.
 - `alone` (1 process): shard 0 alone, accumulation ACCUMULATE, the loss times SHARDS: what rank 0 computes
   when its DDP never all-reduces; the result a broken all-reduce gives.
 
@@ -36,7 +36,7 @@ from yolov5_smddp.config import load_hyp
 from yolov5_smddp.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import build_optimizer, wrap_ddp
+from yolov5_smddp.trainer import build_optimizer, loss_multiplier, wrap_ddp
 
 IMGSZ, PER_RANK, NC = 64, 4, 3
 SHARDS, ACCUMULATE, OPTIMIZER_STEPS = 2, 2, 3
@@ -69,13 +69,14 @@ def recorded(batches: list[tuple], seen: list[str]) -> Iterator[tuple]:
         yield batch
 
 
-def plan(mode: str, rank: int) -> tuple[list[tuple], int, float]:
-    """(batches, accumulation, loss multiplier) of this process."""
+def plan(mode: str, info: distributed.DistInfo) -> tuple[list[tuple], int, float]:
+    """(batches, accumulation, loss multiplier) of this process; ddp and reference take the trainer's
+    loss multiplier for their world size."""
     if mode == "ddp":
-        return [make_batch(rank, m) for m in range(MICRO_STEPS)], ACCUMULATE, float(SHARDS)
+        return [make_batch(info.rank, m) for m in range(MICRO_STEPS)], ACCUMULATE, loss_multiplier(info)
     if mode == "reference":
         batches = [make_batch(s, m) for m in range(MICRO_STEPS) for s in range(SHARDS)]
-        return batches, ACCUMULATE * SHARDS, 1.0
+        return batches, ACCUMULATE * SHARDS, loss_multiplier(info)
     if mode == "alone":
         return [make_batch(0, m) for m in range(MICRO_STEPS)], ACCUMULATE, float(SHARDS)
     raise SystemExit(f"mode {mode!r} must be ddp, reference or alone")
@@ -101,9 +102,9 @@ def main(out_dir: str, backend: str, expected_world_size: int, mode: str) -> Non
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     net = wrap_ddp(model, torch.device("cpu")) if info.distributed else model
     amp = AmpPolicy("off", device.type)
-    batches, accumulate, loss_multiplier = plan(mode, info.rank)
+    batches, accumulate, multiplier = plan(mode, info)
     step = TrainStep(
-        net, criterion, optimizer, amp.make_scaler(), None, amp, device, loss_multiplier=loss_multiplier
+        net, criterion, optimizer, amp.make_scaler(), None, amp, device, loss_multiplier=multiplier
     )
     settings = StepSettings({"bias": 0.02, "weight": 0.01, "norm": 0.01}, 0.9, accumulate)
     seen: list[str] = []
