@@ -121,6 +121,12 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     )
 
 
+def loss_multiplier(info: distributed.DistInfo) -> float:
+    """The loss factor under DDP: the world size, cancelling DDP's gradient average over the ranks, so an
+    optimizer step applies the sum of the per-batch gradients, as one process with the global batch does."""
+    return float(info.world_size) if info.distributed else 1.0
+
+
 def freeze_layers(model: nn.Module, layers: list[int]) -> int:
     """Stop gradients for every parameter of the listed top-level layers (`model.{i}.`); returns the count."""
     prefixes = tuple(f"model.{i}." for i in layers)
@@ -603,7 +609,7 @@ def build_step(run: Run) -> TrainStep:
         run.stack.ema,
         run.amp,
         run.device,
-        loss_multiplier=float(info.world_size) if info.distributed else 1.0,
+        loss_multiplier=loss_multiplier(info),
         channels_last=config.channels_last,
         inject_nonfinite_step=config.inject_nonfinite_step,
     )

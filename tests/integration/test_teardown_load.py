@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from child_env import child_env, free_port
+from child_env import child_env
+from launchers import mpirun, torchrun
 
-HERE = Path(__file__).parent
 ROUNDS = int(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUNDS", "5"))
 ROUND_LIMIT_S = float(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUND_LIMIT_S", "240"))
 HOGS = 2
@@ -232,23 +232,15 @@ def test_init_destroy_cycles_never_deadlock(tmp_path, hogs):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_mpirun_gloo_job_ends_every_round_under_load(tmp_path, data, hogs):
     def cmd_for(out: Path):
-        env = child_env()
-        env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
-        for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
-            cmd += ["-x", name]
-        return cmd + [sys.executable, "-c", WORKER, *_options(out, data)], env
+        launch = mpirun(["-c", WORKER, *_options(out, data)])
+        return launch.cmd, launch.env
 
     _check_rounds("mpirun", cmd_for, tmp_path)
 
 
 def test_torchrun_gloo_job_ends_every_round_under_load(tmp_path, data, hogs):
     def cmd_for(out: Path):
-        cmd = [
-            sys.executable, str(HERE / "torchrun_nolibuv.py"), "--nproc_per_node", "2",
-            "--master_port", str(free_port()), "--no-python", sys.executable, "-c", WORKER,
-            *_options(out, data),
-        ]  # fmt: skip
-        return cmd, child_env()
+        launch = torchrun(["-c", WORKER, *_options(out, data)])
+        return launch.cmd, launch.env
 
     _check_rounds("torchrun", cmd_for, tmp_path)

@@ -3,16 +3,11 @@ resume of that checkpoint on a different world size (one process)."""
 
 import csv
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from child_env import REPO, child_env, free_port
-
-HERE = Path(__file__).parent
-STANDIN = REPO / "tests" / "standin_smddp"
+from launchers import mpirun, single, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -64,22 +59,12 @@ def _check_run(out: Path, stdout: str, epochs: int) -> None:
 
 
 def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
-    env = child_env(STANDIN)
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        str(HERE / "torchrun_nolibuv.py"),
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "--no-python",
-        sys.executable,
+    program = [
         *_train_module(),
         *_options(out, data, "--backend", "smddp", "--epochs", "1", "--cache", "disk"),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = torchrun(program, standin=True).run(timeout=400)
     assert "backend=smddp world_size=2 global_batch=8 per_rank=4" in proc.stdout
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)
@@ -93,39 +78,16 @@ def test_two_ranks_torchrun_smddp_standin_then_resume_on_one(tmp_path, data):
     assert torch.load(out / "ckpt" / "last.pt", weights_only=True)["world_size"] == 2
 
     # resume on ONE process with more epochs: continues at epoch 2 from the 2-rank checkpoint
-    resumed = subprocess.run(
-        [sys.executable, *_train_module(), *_options(out, data, "--epochs", "2")],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = single([*_train_module(), *_options(out, data, "--epochs", "2")]).run(timeout=400)
     assert "at epoch 2" in resumed.stdout and "trained on 2 rank(s), now 1" in resumed.stdout
     _check_run(out, resumed.stdout, 2)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_two_ranks_mpirun_gloo(tmp_path, data):
-    env = child_env()
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
-    for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
-        cmd += ["-x", name]
     out = tmp_path / "run"
-    proc = subprocess.run(
-        cmd
-        + [
-            sys.executable,
-            *_train_module(),
-            *_options(out, data, "--backend", "gloo", "--epochs", "1", "--color-aug", "device"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    options = _options(out, data, "--backend", "gloo", "--epochs", "1", "--color-aug", "device")
+    proc = mpirun([*_train_module(), *options]).run(timeout=400)
     assert "backend=gloo world_size=2" in proc.stdout
     assert "HSV and flips on the device batch" in proc.stdout + proc.stderr  # --color-aug device
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself

@@ -4,7 +4,6 @@ loss, and a bad option failing before any work. Each test runs the real CLI in a
 import csv
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,22 +14,10 @@ from pathlib import Path
 import cv2
 import pytest
 import torch
+from child_env import child_env as _env  # this checkout first on PYTHONPATH, no rank variables
 from detections import assert_same_detections, run_handler
 
-REPO = Path(__file__).parent.parent.parent
-
 pytestmark = pytest.mark.slow
-
-
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "OMPI_", "MASTER_"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _train_cmd(out: Path, *extra: str) -> list[str]:

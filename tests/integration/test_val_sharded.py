@@ -3,16 +3,13 @@ gives EXACTLY the metrics of one process; and training's `final` numbers are bes
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from child_env import REPO, child_env, free_port
+from launchers import Launch, mpirun, torchrun
+from launchers import single as one_process
 
-HERE = Path(__file__).parent
-STANDIN = REPO / "tests" / "standin_smddp"
 KEYS = ("precision", "recall", "mAP50", "mAP50-95", "fitness", "images", "targets")
 
 pytestmark = pytest.mark.slow
@@ -56,35 +53,22 @@ def _val_args(root: Path, data: Path, metrics: Path, *extra: str) -> list[str]:
     ]
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> str:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+def _run(launch: Launch) -> str:
+    return launch.run(timeout=600).stdout
 
 
 @pytest.fixture(scope="module")
 def single(setup) -> dict:
     root, data = setup
-    out = _run([sys.executable, *_val_args(root, data, root / "one.json")], child_env())
+    out = _run(one_process(_val_args(root, data, root / "one.json")))
     assert "val: 30 of 30 images on 1 rank" in out
     metrics = json.loads((root / "one.json").read_text())
     assert metrics["images"] == 30 and metrics["mAP50"] > 0 and metrics["recall"] > 0  # non-trivial
     return metrics
 
 
-def _torchrun(root: Path, data: Path, name: str, backend: str, env: dict[str, str]) -> dict:
-    cmd = [
-        sys.executable,
-        str(HERE / "torchrun_nolibuv.py"),
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "--no-python",
-        sys.executable,
-        *_val_args(root, data, root / name, "--backend", backend),
-    ]
-    out = _run(cmd, env)
+def _torchrun(root: Path, data: Path, name: str, backend: str, standin: bool = False) -> dict:
+    out = _run(torchrun(_val_args(root, data, root / name, "--backend", backend), standin=standin))
     assert "val: 15 of 30 images on each of 2 ranks" in out
     assert out.count("mAP50-95=") == 1  # rank 0 alone prints the metric line
     return json.loads((root / name).read_text())
@@ -92,25 +76,20 @@ def _torchrun(root: Path, data: Path, name: str, backend: str, env: dict[str, st
 
 def test_two_ranks_gloo_equal_one_process_exactly(setup, single):
     root, data = setup
-    two = _torchrun(root, data, "gloo.json", "gloo", child_env())
+    two = _torchrun(root, data, "gloo.json", "gloo")
     assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
 
 
 def test_two_ranks_smddp_standin_equal_one_process_exactly(setup, single):
     root, data = setup
-    two = _torchrun(root, data, "smddp.json", "smddp", child_env(STANDIN))
+    two = _torchrun(root, data, "smddp.json", "smddp", standin=True)
     assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_two_ranks_mpirun_equal_one_process_exactly(setup, single):
     root, data = setup
-    env = child_env()
-    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
-    for name in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "USE_LIBUV", "OMP_NUM_THREADS"):
-        cmd += ["-x", name]
-    out = _run(cmd + [sys.executable, *_val_args(root, data, root / "mpi.json", "--backend", "gloo")], env)
+    out = _run(mpirun(_val_args(root, data, root / "mpi.json", "--backend", "gloo")))
     assert "val: 15 of 30 images on each of 2 ranks" in out
     two = json.loads((root / "mpi.json").read_text())
     assert {k: two[k] for k in KEYS} == {k: single[k] for k in KEYS}
@@ -150,18 +129,7 @@ def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
         "--cache-dir",
         str(out / "cache"),
     ]
-    cmd = [
-        sys.executable,
-        str(HERE / "torchrun_nolibuv.py"),
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "--no-python",
-        sys.executable,
-        *train,
-    ]
-    stdout = _run(cmd, child_env())
+    stdout = _run(torchrun(train))
     assert "val: images per rank 16/4 of 20 on 2 ranks" in stdout  # val batches of 2 x 4
     final = json.loads((out / "model" / "metrics.json").read_text())["final"]
     metric_lines = [line for line in stdout.splitlines() if "mAP50-95=" in line]
@@ -173,7 +141,6 @@ def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
 
     # one process, the written best.pt, the trainer's val batch size (2 x per-rank batch)
     val = [
-        sys.executable,
         "-m",
         "yolov5_smddp",
         "val",
@@ -192,7 +159,7 @@ def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
         "--metrics-json",
         str(tmp_path / "best.json"),
     ]
-    _run(val, child_env())
+    _run(one_process(val))
     alone = json.loads((tmp_path / "best.json").read_text())
     keys = ("precision", "recall", "mAP50", "mAP50-95", "fitness")
     assert {k: final[k] for k in keys} == {k: alone[k] for k in keys}
