@@ -221,10 +221,8 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
         seen.append(line)
         if line.startswith("epoch=1 epochs=3"):
             proc.send_signal(signal.SIGTERM)
-            signalled = time.perf_counter()
             break
-    rest, _ = proc.communicate(timeout=120)
-    assert time.perf_counter() - signalled < 120
+    rest, _ = proc.communicate(timeout=120)  # SageMaker's SIGKILL follows 120 s after the SIGTERM
     output = "".join(seen) + rest
     assert proc.returncode == 143, output[-3000:]
     # caught either between epochs ("after epoch 1") or inside epoch 2 ("in epoch 2", which restarts)
@@ -314,10 +312,11 @@ def test_non_finite_loss_is_reported_clearly(tmp_path):
     ],
 )
 def test_bad_option_fails_before_any_work(tmp_path, option, message):
-    start = time.perf_counter()
     proc = subprocess.run(
-        _train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path
+        _train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "cache").exists() and not (tmp_path / "ckpt").exists()
-    assert time.perf_counter() - start < 60
+    # before any work: no dataset scanned or generated, no model built, nothing written anywhere (the
+    # cache, checkpoint, model and output folders are all under tmp_path, which is also the working folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], proc.stdout[-2000:]
+    assert "model:" not in proc.stdout + proc.stderr and "epoch=" not in proc.stdout
