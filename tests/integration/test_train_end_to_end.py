@@ -55,6 +55,10 @@ def _train_cmd(out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _train_loss(row: dict[str, str]) -> float:
+    return sum(float(row[k]) for k in ("box_loss", "obj_loss", "cls_loss"))
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
@@ -92,8 +96,12 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
     out, stdout, seconds = embedded_run
     rows = _rows(out / "output" / "results.csv")
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4, 5, 6]
-    map50 = [float(r["mAP50"]) for r in rows]
-    assert map50[-1] > map50[0], map50
+    # it learns: measured (deterministic here) mAP50 0.0007 0.0012 0.0033 0.0030 0.0037 0.0026 and train loss
+    # 0.173 0.170 0.166 0.169 0.164 0.162; a model that does not learn stays at the untrained ~0.001 and a
+    # flat loss. The mean of the last 3 epochs, not one noisy epoch, against the first.
+    map50, losses = [float(r["mAP50"]) for r in rows], [_train_loss(r) for r in rows]
+    assert sum(map50[-3:]) / 3 > 2 * map50[0], map50
+    assert sum(losses[-3:]) / 3 < 0.98 * losses[0], losses
     metrics = json.loads((out / "model" / "metrics.json").read_text())
     # `final` is best.pt's re-validation (the best epoch's EMA as stored, float16): close to that epoch's row
     best_row = max(rows, key=lambda r: float(r["fitness"]))
@@ -118,7 +126,10 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
             "config",
         } <= set(state)
     assert "epoch=1 step=1 loss=" in stdout and "samples_per_sec=" in stdout and "data_wait=" in stdout
-    print(f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}")
+    print(
+        f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}, "
+        f"train loss by epoch {losses}"
+    )
 
 
 def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
