@@ -283,8 +283,12 @@ def run_row(mutation: Mutation, args: argparse.Namespace, scratch: Path) -> tupl
 
 
 def _first_failure(out: str) -> str:
-    lines = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return lines[0] if lines else out.strip().splitlines()[-1] if out.strip() else ""
+    """The first failed test and the first line of what failed in it."""
+    lines = out.splitlines()
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    errors = [line for line in lines if line.startswith("E ")]
+    head = failed[0].split(" - ")[0] if failed else (lines[-1] if lines else "")
+    return head + (f"\n    {errors[0][1:].strip()[:200]}" if errors else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
             for m in rows:
                 results[m.name] = futures[m.name].result()
                 verdict_, detail, seconds = results[m.name]
-                print(
-                    f"{m.name:32} {verdict_:8} {seconds:6.0f} s  {detail.splitlines()[0] if detail else ''}",
-                    flush=True,
-                )
-                if verdict_ != "killed":
+                first, _, rest = detail.partition("\n")
+                print(f"{m.name:32} {verdict_:8} {seconds:6.0f} s  {first}", flush=True)
+                if verdict_ == "killed" and rest:
+                    print(f"{'':50}{rest.strip()}", flush=True)
+                elif verdict_ != "killed":
                     print(detail, file=sys.stderr)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
