@@ -27,7 +27,8 @@ commands:
         STANDIN_METHOD=dockerfile|debootstrap forces one (docker/standin/build.sh).
   test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
         image, then the container tests (pytest -m docker) from this host in a virtualenv. Needs only
-        Docker and python3.
+        Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it (so does a missing
+        engine or image for the container tests); the summary lists every skip with its reason.
   run [train options]
         Build on the local base and run the main job: `docker run IMAGE train [options]` with the outputs in
         ./runs/container/ (model/, output/, checkpoints/). Uses --gpus all when nvidia-smi works.
@@ -178,8 +179,10 @@ cmd_test() {
         ruff check --no-cache . || die "ruff check failed"
     docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
         ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
+    # YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on tests/skip_policy.py's allow-list fails the run, and
+    # the container tests fail without the engine or the image; -rs lists every skip with its reason
     run_pytest "unit/integration tests" docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 \
-        "$test_image" python3 -m pytest -p no:cacheprovider -q -m "not docker" tests
+        -e YOLOV5_SMDDP_STRICT_SKIPS=1 "$test_image" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests
 
     echo "== container tests (pytest -m docker) from the host" >&2
     local venv="${TEST_VENV:-$here/.venv}"
@@ -192,7 +195,7 @@ cmd_test() {
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "pytest>=7" "pyyaml>=6" "docker>=7.1,<8" \
         "sagemaker~=2.257.0" || die "pip install pytest pyyaml docker sagemaker failed"
     run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
-        "$venv/bin/python" -m pytest -p no:cacheprovider -q -m docker tests/docker
+        YOLOV5_SMDDP_STRICT_SKIPS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs -m docker tests/docker
     echo "== all tests passed in $((SECONDS - start)) s" >&2
 }
 

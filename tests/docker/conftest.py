@@ -1,6 +1,8 @@
 """Container tests: they drive the Docker engine from the host through the Docker SDK for Python (no torch
-needed here) against the image that `./build.sh test` built (YOLOV5_SMDDP_IMAGE). Skipped, with the reason,
-where no engine or image exists; everything they make is removed afterwards (tests/docker/engine.py)."""
+needed here) against the image that `./build.sh test` built (YOLOV5_SMDDP_IMAGE). Where no engine or image
+exists they are skipped, with the reason, on a developer's machine; they FAIL under CI (tests/skip_policy.py)
+and whenever YOLOV5_SMDDP_IMAGE names the image to test. Everything they make is removed afterwards
+(tests/docker/engine.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from docker.errors import DockerException, ImageNotFound  # noqa: E402
 from docker.types import Mount  # noqa: E402
 
 from tests.docker.engine import OWNER, Engine, bind, remove_leftovers, remove_owned  # noqa: E402
+from tests.skip_policy import strict  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 # Tiny and quick on a 2-core CPU: yolov5n, 64 px, one epoch.
@@ -39,15 +42,27 @@ TINY_HPS = {
 }
 
 
+def _required() -> bool:
+    """A missing engine or image fails these tests under CI and when the caller named the image."""
+    return strict() or bool(os.environ.get("YOLOV5_SMDDP_IMAGE"))
+
+
+def _missing(message: str) -> None:
+    if _required():
+        pytest.fail(f"{message} (the container tests were asked for: CI or YOLOV5_SMDDP_IMAGE is set)")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def client() -> Iterator[docker.DockerClient]:
-    """The engine (skip without one), cleared of what killed earlier runs left behind."""
+    """The engine (a skip without one, a failure where it is required), cleared of what killed earlier runs
+    left behind."""
     try:
         # A busy machine answers slowly: 300 s for each API call that has no timeout of its own.
         engine = docker.from_env(timeout=300)
         engine.ping()
     except DockerException as err:
-        pytest.skip(f"no Docker engine is reachable: {err}")
+        _missing(f"no Docker engine is reachable: {err}")
     removed = remove_leftovers(engine)
     if removed:
         print(f"removed leftovers of an interrupted run: {', '.join(removed)}", file=sys.stderr)
@@ -60,11 +75,11 @@ def client() -> Iterator[docker.DockerClient]:
 def image(client: docker.DockerClient) -> str:
     tag = os.environ.get("YOLOV5_SMDDP_IMAGE")
     if not tag:
-        pytest.skip("YOLOV5_SMDDP_IMAGE is not set (./build.sh test builds the image and sets it)")
+        _missing("YOLOV5_SMDDP_IMAGE is not set (./build.sh test builds the image and sets it)")
     try:
         client.images.get(tag)
     except ImageNotFound:
-        pytest.skip(f"image {tag} does not exist (run ./build.sh test)")
+        _missing(f"image {tag} does not exist (run ./build.sh test)")
     return tag
 
 

@@ -14,12 +14,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).parent.parent.parent
-# Measured with this recipe (2-core CPU at a load average of ~25, 3.5 min): mAP50 by epoch 0.0008, 0.0012,
-# 0.0020, 0.0056, 0.012, 0.028, 0.018, 0.035 (mAP50-95 up to 0.0125); an untrained model scores ~0.001.
-# The floors sit at about a third of the best epoch, so numeric drift between machines does not fail the
-# test while a run that stops learning does.
-MAP50_FLOOR = 0.012
+# Measured with this recipe (2-core CPU shared by 6 jobs, 2.3 min), mAP50 by epoch:
+#   lr0 0.05 (the recipe):  0.0010 0.0011 0.0022 0.0034 0.0082 0.036 0.038 0.043  (last 3: mean 0.039)
+#   lr0 0.0167 (3x slower): 0.0008 0.0012 0.0014 0.0016 0.0042 0.0033 0.0036 0.0079 (last 3: mean 0.0049)
+# (an earlier version of the trainer: 0.0008 ... 0.012 0.028 0.018 0.035, last 3: mean 0.027); mAP50-95's
+# last-3 mean 0.0108 and 0.0010. An untrained model scores ~0.001. The floors on the mean of the last 3
+# epochs sit between the two learners (3x above the slow one, 2.6x below the recipe): a learner 2-3x slower
+# fails, numeric drift between machines does not.
+MAP50_FLOOR = 0.015
 MAP50_95_FLOOR = 0.004
+LAST = 3
 EPOCHS = 8
 
 pytestmark = pytest.mark.slow
@@ -52,6 +56,7 @@ def test_a_short_run_learns_above_a_fixed_floor(tmp_path):
     map50_95 = [float(r["mAP50-95"]) for r in rows]
     print(f"convergence smoke: mAP50 by epoch {map50}, mAP50-95 {map50_95}")
     assert len(rows) == EPOCHS
-    # the best epoch (what best.pt keeps): the high learning rate makes the last epochs noisy
-    assert max(map50) > MAP50_FLOOR and max(map50_95) > MAP50_95_FLOOR, (map50, map50_95)
+    # the mean of the last epochs: one lucky epoch does not pass, one noisy epoch does not fail
+    assert sum(map50[-LAST:]) / LAST > MAP50_FLOOR, map50
+    assert sum(map50_95[-LAST:]) / LAST > MAP50_95_FLOOR, map50_95
     assert max(map50) > 5 * map50[0], map50

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -158,12 +157,10 @@ def test_a_loader_worker_killed_mid_training_ends_the_job_with_the_explanation(t
         workers = _children(proc.pid)
         assert workers, "no loader worker found"
         os.kill(workers[0], signal.SIGKILL)
-        started = time.monotonic()
-        _out, err = proc.communicate(timeout=TIMEOUT)
+        _out, err = proc.communicate(timeout=TIMEOUT)  # a job that hangs instead of ending fails here
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert time.monotonic() - started < TIMEOUT
     assert proc.returncode == 2, err[-3000:]
     assert "error: a DataLoader worker of rank 0 failed: DataLoader worker (pid" in err
     assert "--workers" in err and "/dev/shm: " in err and "Memory: " in err

@@ -42,6 +42,10 @@ def _train_cmd(out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _train_loss(row: dict[str, str]) -> float:
+    return sum(float(row[k]) for k in ("box_loss", "obj_loss", "cls_loss"))
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
@@ -79,8 +83,12 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
     out, stdout, seconds = embedded_run
     rows = _rows(out / "output" / "results.csv")
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4, 5, 6]
-    map50 = [float(r["mAP50"]) for r in rows]
-    assert map50[-1] > map50[0], map50
+    # it learns: measured (deterministic here) mAP50 0.0007 0.0012 0.0033 0.0030 0.0037 0.0026 and train loss
+    # 0.173 0.170 0.166 0.169 0.164 0.162; a model that does not learn stays at the untrained ~0.001 and a
+    # flat loss. The mean of the last 3 epochs, not one noisy epoch, against the first.
+    map50, losses = [float(r["mAP50"]) for r in rows], [_train_loss(r) for r in rows]
+    assert sum(map50[-3:]) / 3 > 2 * map50[0], map50
+    assert sum(losses[-3:]) / 3 < 0.98 * losses[0], losses
     metrics = json.loads((out / "model" / "metrics.json").read_text())
     # `final` is best.pt's re-validation (the best epoch's EMA as stored, float16): close to that epoch's row
     best_row = max(rows, key=lambda r: float(r["fitness"]))
@@ -105,7 +113,10 @@ def test_embedded_run_writes_every_output_and_learns(embedded_run):
             "config",
         } <= set(state)
     assert "epoch=1 step=1 loss=" in stdout and "samples_per_sec=" in stdout and "data_wait=" in stdout
-    print(f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}")
+    print(
+        f"end-to-end: {seconds:.0f} s, mAP50 by epoch {map50}, final mAP50-95 {rows[-1]['mAP50-95']}, "
+        f"train loss by epoch {losses}"
+    )
 
 
 def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
@@ -208,10 +219,8 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
         seen.append(line)
         if line.startswith("epoch=1 epochs=3"):
             proc.send_signal(signal.SIGTERM)
-            signalled = time.perf_counter()
             break
-    rest, _ = proc.communicate(timeout=120)
-    assert time.perf_counter() - signalled < 120
+    rest, _ = proc.communicate(timeout=120)  # SageMaker's SIGKILL follows 120 s after the SIGTERM
     output = "".join(seen) + rest
     assert proc.returncode == 143, output[-3000:]
     # caught either between epochs ("after epoch 1") or inside epoch 2 ("in epoch 2", which restarts)
@@ -301,10 +310,11 @@ def test_non_finite_loss_is_reported_clearly(tmp_path):
     ],
 )
 def test_bad_option_fails_before_any_work(tmp_path, option, message):
-    start = time.perf_counter()
     proc = subprocess.run(
-        _train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path
+        _train_cmd(tmp_path, *option), env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "cache").exists() and not (tmp_path / "ckpt").exists()
-    assert time.perf_counter() - start < 60
+    # before any work: no dataset scanned or generated, no model built, nothing written anywhere (the
+    # cache, checkpoint, model and output folders are all under tmp_path, which is also the working folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], proc.stdout[-2000:]
+    assert "model:" not in proc.stdout + proc.stderr and "epoch=" not in proc.stdout

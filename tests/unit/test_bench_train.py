@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from yolov5_smddp.bench import timing
 from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
 from yolov5_smddp.bench.timing import PhaseClock
 from yolov5_smddp.bench.train import Combination, combinations, summarise
@@ -86,15 +87,20 @@ def test_training_flops_counted_on_meta_device():
     assert 2.5 * forward < train < 3.0 * forward
 
 
-def test_phase_clock_cpu():
+def test_phase_clock_cpu(monkeypatch):
+    # a scripted clock: step k starts at 10k s, its forward/backward lasts k + 1 s, its optimizer 0.25 s
+    marks = iter([t for k in range(3) for t in (10.0 * k, 10.0 * k + k + 1, 10.0 * k + k + 1.25)] + [40.0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(marks))
     clock = PhaseClock("cpu")
     for _ in range(3):
         clock.start()
         clock.after_backward()
         clock.after_optimizer()
+    clock.start()  # an unfinished step is not counted
     totals = clock.totals()
     assert totals.steps == 3
-    assert totals.forward_backward_s >= 0 and totals.optimizer_s >= 0
+    assert totals.forward_backward_s == 1.0 + 2.0 + 3.0
+    assert totals.optimizer_s == 0.75 and totals.busy_s == 6.75
 
 
 def run_bench(tmp_path, *extra):

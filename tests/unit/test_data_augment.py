@@ -193,3 +193,13 @@ def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):
     assert out.shape == (3, 96, 96) and (h0, w0) == (300, 400)
     assert gain_w == pytest.approx(96 / 400) and gain_h == pytest.approx(72 / 300) and pad == (0.0, 12.0)
     assert _check_enclosed(out, targets) == 1
+
+
+def test_letterbox_pads_with_the_releases_grey_114():
+    from yolov5_smddp.data.letterbox import letterbox
+
+    img = np.full((20, 40, 3), 7, np.uint8)  # 2:1 → 32 x 64 at 64, 16 px of padding above and below
+    out, ratio, pad = letterbox(img, 64)
+    assert out.shape == (64, 64, 3) and ratio == (1.6, 1.6) and pad == (0.0, 16.0)
+    assert (out[:16] == 114).all() and (out[48:] == 114).all()
+    assert (out[16:48] == 7).all()

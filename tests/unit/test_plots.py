@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 import cv2
 import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp import plots
 from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.plots import (
     ValidationPlots,
@@ -205,18 +203,3 @@ def test_plot_images_go_to_tensorboard(tmp_path):
         ("results.png", (60, 90, 3), 7, "HWC"),
         ("train_batch0.jpg", (40, 40, 3), 7, "HWC"),
     ]
-
-
-def test_without_matplotlib_charts_are_skipped_with_one_warning(tmp_path, monkeypatch, caplog):
-    monkeypatch.delitem(sys.modules, "yolov5_smddp.plots.render", raising=False)
-    monkeypatch.delattr(plots, "render", raising=False)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
-    plots._render.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert write_results_plot(tmp_path, [{"epoch": 1, "box_loss": 0.1}]) is False
-            assert write_labels_plot(tmp_path, [np.zeros((0, 5))], ["a"]) is False
-        assert caplog.text.count("charts skipped, matplotlib cannot be imported") == 1
-        assert list(tmp_path.iterdir()) == []
-    finally:
-        plots._render.cache_clear()

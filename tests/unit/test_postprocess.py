@@ -22,10 +22,19 @@ def test_score_is_objectness_times_class_and_boxes_become_xyxy():
 
 
 def test_objectness_threshold_applies_first():
-    # obj 0.2 is under the threshold even though obj * cls would not matter: dropped
-    pred = _pred([[50, 40, 20, 10, 0.2, 1.0], [10, 10, 4, 4, 0.5, 0.4]], nc=1)
+    # With class probabilities <= 1 the score obj * cls never exceeds obj, so the objectness gate is only
+    # seen apart from the score threshold on a row whose class value exceeds 1 (raw scores from another
+    # head): obj 0.2 with cls 1.5 scores 0.3 > 0.25, yet its objectness is under the threshold: dropped.
+    pred = _pred(
+        [
+            [50, 40, 20, 10, 0.2, 1.5],  # objectness 0.2 < 0.25: dropped before scoring
+            [10, 10, 4, 4, 0.5, 0.4],  # objectness passes, score 0.2 < 0.25: dropped by the score
+            [150, 150, 20, 20, 0.3, 0.9],  # objectness 0.3, score 0.27: kept
+        ],
+        nc=1,
+    )
     (det,) = non_max_suppression(pred, conf_thres=0.25)
-    assert len(det) == 0  # 0.5 * 0.4 = 0.2 < 0.25 as well
+    torch.testing.assert_close(det, torch.tensor([[140.0, 140.0, 160.0, 160.0, 0.27, 0.0]]))
 
 
 def test_overlapping_boxes_of_one_class_are_suppressed_other_classes_kept():

@@ -1,5 +1,6 @@
 import re
 
+from yolov5_smddp import telemetry
 from yolov5_smddp.telemetry import METRIC_DEFINITIONS, Throughput, metric_line
 
 
@@ -33,8 +34,25 @@ def test_non_finite_values_are_printed_but_not_numbers():
     assert line == "loss=nan" and re.search(_metric("train:loss"), line) is None
 
 
-def test_throughput_accounting():
-    t = Throughput(world_size=4)
-    t.add(16, 0.0)
-    s = t.summary()
-    assert s["samples_per_sec"] == s["samples_per_sec_per_gpu"] * 4 and 0 <= s["data_wait"] <= 1
+def test_throughput_accounting(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(telemetry.time, "perf_counter", lambda: now[0])
+    t = Throughput(world_size=4)  # the window opens at 100 s
+    t.add(16, 0.25)
+    t.add(16, 0.25)
+    now[0] = 102.0
+    assert t.summary() == {
+        "samples_per_sec": 64.0,  # 32 samples in 2 s on each of 4 ranks
+        "samples_per_sec_per_gpu": 16.0,
+        "data_wait": 0.25,  # 0.5 s of 2 s blocked on the loader
+        "seconds": 2.0,
+    }
+    t.reset()  # a new window at 102 s
+    t.add(8, 3.0)
+    now[0] = 104.0
+    assert t.summary() == {
+        "samples_per_sec": 16.0,
+        "samples_per_sec_per_gpu": 4.0,
+        "data_wait": 1.0,
+        "seconds": 2.0,
+    }

@@ -226,11 +226,56 @@ def _epoch(step, n, max_nonfinite=2, log_every=1):
 
 def test_epoch_accumulates_and_updates_ema():
     model, step = _tiny_step()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    ema_before = {k: v.clone() for k, v in step.ema.module.named_parameters()}
     result = _epoch(step, 4)
     assert result.iterations == 4 and result.last_optimizer_iteration == 3 and step.ema.updates == 2
     assert all(math.isfinite(v) and v > 0 for v in result.losses)
-    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # the optimizer moved every convolution's weights (parameters: BatchNorm's running statistics, buffers
+    # that the forward pass alone updates, are not looked at), and the EMA followed them part of the way
+    convs = [f"{k}.weight" for k, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    params, ema = dict(model.named_parameters()), dict(step.ema.module.named_parameters())
+    assert len(convs) > 50
+    assert [k for k in convs if torch.equal(before[k], params[k])] == []
+    assert [k for k in convs if torch.equal(ema_before[k], ema[k]) or torch.equal(ema[k], params[k])] == []
+
+
+def _one_update(scaler: torch.amp.GradScaler) -> dict[str, torch.Tensor]:
+    model, step = _tiny_step()
+    step.scaler = scaler
+    imgs, targets, *_ = _batches(1)[0]
+    step.micro_step(imgs, targets, sync=True)
+    step.optimizer_step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_a_loss_scaler_changes_nothing_but_the_scale():
+    # fp16's GradScaler (here enabled on the CPU, in float32): backward on the scaled loss, the step on the
+    # unscaled gradients, so the update is the unscaled one; skipping the scaling would divide it by 2**12
+    plain = _one_update(torch.amp.GradScaler("cpu", enabled=False))
+    scaled = _one_update(torch.amp.GradScaler("cpu", init_scale=2.0**12))
+    for name, value in plain.items():
+        torch.testing.assert_close(scaled[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_trainer_scales_the_loss_by_the_world_size_under_ddp(monkeypatch):
+    from types import SimpleNamespace
+
+    from yolov5_smddp import trainer
+    from yolov5_smddp.distributed import DistInfo
+
+    monkeypatch.setattr(trainer, "wrap_ddp", lambda model, device: model)  # no process group here
+    model, step = _tiny_step()
+    config = SimpleNamespace(sync_bn=False, compile=False, channels_last=False, inject_nonfinite_step=None)
+    stack = SimpleNamespace(
+        criterion=step.criterion, optimizer=step.optimizer, scaler=step.scaler, ema=step.ema
+    )
+    for world, expected in ((4, 4.0), (1, 1.0)):
+        info = DistInfo(0, 0, world, world, 0, "127.0.0.1", 7777, "torchrun" if world > 1 else "none")
+        run = SimpleNamespace(
+            config=config, info=info, model=model, device=torch.device("cpu"), stack=stack, amp=step.amp
+        )
+        assert trainer.build_step(run).loss_multiplier == expected, world
 
 
 def test_non_finite_loss_stops_the_run_with_a_clear_message():
