@@ -697,8 +697,9 @@ def run_epochs(
     stop: _StopOnSigterm,
     tracking: mlflow_log.MlflowRun | None = None,
 ) -> EpochsOutcome:
-    """The epochs from `state.epoch`: train, validate with the EMA (every rank its shard), end the epoch
-    on rank 0, stop early or on SIGTERM (rank 0 decides for every rank). `bundle` gives the plots the
+    """The epochs from `state.epoch`: train, (with --time) plan the epochs that fit, validate with the EMA
+    (every rank its shard), end the epoch on rank 0, stop early or on SIGTERM (rank 0 decides for every
+    rank). `bundle` gives the plots the
     class names and the val labels. `stop`: the job's SIGTERM flag; after the last epoch it cuts the final
     validation of best.pt short (the last epoch's metrics stand), so the final outputs are written in time."""
     config, main = run.config, run.main
