@@ -26,6 +26,12 @@ print('base image: torch', torch.__version__, 'torchvision', torchvision.__versi
 RUN python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
         --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"
 
+# matplotlib's font cache (the plots), built once here instead of at the start of every job, where it costs
+# seconds and logs "generated new fontManager". MPLCONFIGDIR holds it whatever HOME a job runs with.
+ENV MPLCONFIGDIR=/opt/yolov5-smddp/matplotlib
+RUN mkdir -p "$MPLCONFIGDIR" \
+    && (python3 -c "import matplotlib.font_manager" || echo "matplotlib is not installed: plots will be skipped")
+
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
 COPY pyproject.toml LICENSE README.md /opt/yolov5-smddp/
 COPY entrypoint.py docker/entry.py /opt/yolov5-smddp/

@@ -150,8 +150,14 @@ cmd_run() {
     mkdir -p "$out/model" "$out/output" "$out/checkpoints"
     if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then gpus=(--gpus all); fi
     echo "running $tag train $*; outputs in $out" >&2
+    # the job runs as root: the entrypoint hands the outputs back to the caller at the end
+    # (YOLOV5_SMDDP_OWNER); not under rootless Docker, whose root already is the caller on the host
+    local owner=()
+    if [[ "$(id -u)" != 0 ]] && ! docker info -f '{{.SecurityOptions}}' 2>/dev/null | grep -q rootless; then
+        owner=(-e "YOLOV5_SMDDP_OWNER=$(id -u):$(id -g)")
+    fi
     # ${a[@]+...}: an empty array under set -u, which bash 3.2 (macOS) calls unbound
-    docker run --rm ${gpus[@]+"${gpus[@]}"} --shm-size 2g \
+    docker run --rm ${gpus[@]+"${gpus[@]}"} ${owner[@]+"${owner[@]}"} --shm-size 2g \
         -v "$out/model:/opt/ml/model" -v "$out/output:/opt/ml/output" -v "$out/checkpoints:/opt/ml/checkpoints" \
         "$tag" train "$@"
 }

@@ -7,6 +7,9 @@
   exiting 0 having done nothing.
 - `train` with a config present (SageMaker, local mode, a mounted tree): nothing is written or changed.
 - Either way the base image's entrypoint then runs the command exactly as it would without this layer.
+- With `-e YOLOV5_SMDDP_OWNER=UID:GID` (`./build.sh run` passes the caller's), what the job wrote under
+  /opt/ml/{model,output,checkpoints} is handed back to that host user when it ends (sagemaker/handback.py);
+  SageMaker never sets it.
 
 As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, `docker stop`) on to the
 training processes — the toolkit does not forward signals to its program — so the trainer can write its
@@ -107,11 +110,40 @@ def supervise(command: list[str]) -> int:
     return 128 - code if code < 0 else code
 
 
+def requested_owner():
+    """The host user ($YOLOV5_SMDDP_OWNER=UID:GID) to hand the output folders back to, or None; a bad
+    value stops here, before any work."""
+    from yolov5_smddp.errors import UserError
+    from yolov5_smddp.sagemaker.handback import requested_owner as parse
+
+    try:
+        return parse(os.environ)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def hand_back_outputs(owner) -> None:
+    """Give what the job wrote under /opt/ml/{model,output,checkpoints} to `owner` (see handback)."""
+    from yolov5_smddp.sagemaker.handback import hand_back, output_folders
+
+    changed, failed = hand_back(output_folders(os.environ), owner)
+    note = f"; {failed} could not be changed" if failed else ""
+    print(
+        f"[yolov5-smddp] output files and folders handed back to {owner.uid}:{owner.gid}: {changed}{note}",
+        flush=True,
+    )
+
+
 def main() -> int:
     args = sys.argv[1:]
+    owner = requested_owner()
     if args[:1] == ["train"]:
         args = prepare_train(args)
-    return supervise(base_command(args))
+    code = supervise(base_command(args))
+    if owner is not None:
+        hand_back_outputs(owner)
+    return code
 
 
 if __name__ == "__main__":

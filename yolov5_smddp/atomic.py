@@ -4,23 +4,39 @@ the complete new one, never a partial one."""
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+FILE_MODE = 0o666
+"""Mode a new file is created with before the umask, as `open()` does: 0644 under the usual umask 022."""
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, unique, empty file next to `path` (O_EXCL), mode FILE_MODE minus the process umask
+    (the kernel applies it; `tempfile.mkstemp` would make it 0600, unreadable to anyone else)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, FILE_MODE), tmp
+        except FileExistsError:
+            continue
+
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> Iterator[IO]:
     """Open a unique temporary file next to `path` for writing; on a clean exit flush, fsync and
-    `os.replace` it onto `path` (atomic on POSIX file systems); on an exception remove it.
+    `os.replace` it onto `path` (atomic on POSIX file systems); on an exception remove it. The file gets
+    the permissions a plain `open(path, "w")` would give a new file (0644 under umask 022).
 
     Several writers racing on the same path each replace it with a complete file (the last one wins).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle

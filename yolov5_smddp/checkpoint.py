@@ -40,6 +40,10 @@ class RunState:
     """one results row per finished epoch."""
     last_optimizer_iteration: int = -1
     """the micro-step of the last optimizer step (not saved: a resume starts at an optimizer step)."""
+    time_used: float = 0.0
+    """--time: seconds of the budget used by the epochs so far (budget.py)."""
+    planned_epochs: int | None = None
+    """--time: the run's epochs in all as last planned; None without --time."""
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,8 @@ class RunState:
             "best_fitness": self.best_fitness,
             "stale_epochs": self.stale_epochs,
             "history": self.history,
+            "time_used": self.time_used,
+            "planned_epochs": self.planned_epochs,
         }
 
     @classmethod
@@ -60,6 +66,8 @@ class RunState:
             stale_epochs=int(state["stale_epochs"]),
             history=list(state["history"]),
             last_optimizer_iteration=iteration - 1,
+            time_used=float(state.get("time_used", 0.0)),
+            planned_epochs=state.get("planned_epochs"),
         )
 
 

@@ -301,7 +301,15 @@ class TrainConfig:
     )
     """hyperparameter values replacing the file's (`--hyp-override lr0=0.02,mosaic=0`)."""
     epochs: int = option(100)
-    """number of training epochs."""
+    """number of training epochs (with --time: the schedule of the first epoch only)."""
+    time: float | None = option(
+        None,
+        help="training budget in hours (overrides --epochs): after each epoch the epochs that fit are "
+        "re-planned from the measured epoch times, and the learning rate decays over them; set SageMaker's "
+        "max_run a little above it",
+    )
+    """training budget in hours (ultralytics' `time`): the epoch count is planned from the measured epoch
+    times after each epoch (budget.py); None → --epochs."""
     batch_size: int | None = option(None, help="GLOBAL batch over all ranks (default 16)")
     """GLOBAL batch over all ranks (the release's meaning); default 16 when batch_per_gpu is not given."""
     batch_per_gpu: int | None = option(None, help="batch per rank (alternative to --batch-size)")
@@ -405,9 +413,17 @@ class TrainConfig:
     """stop the run after this many consecutive optimizer steps with a non-finite loss or gradient."""
     inject_nonfinite_step: int | None = option(None, hidden=True)
     """test hook (hidden from --help): make the loss NaN from this micro-step on."""
+    inject_epoch_seconds: float | None = option(None, hidden=True)
+    """test hook (hidden from --help): with --time, every epoch counts this many seconds (budget.py)."""
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
+        _check(
+            self.time is None or (math.isfinite(self.time) and self.time > 0),
+            "--time",
+            self.time,
+            "must be a positive number of hours (e.g. --time 1.5)",
+        )
         for name in ("batch_size", "batch_per_gpu"):
             value = getattr(self, name)
             _check(value is None or value >= 1, _opt(name), value, "must be >= 1")

@@ -155,6 +155,7 @@ def _check(spec: JobSpec) -> None:
         _check_checkpoint_uri(spec.checkpoint_s3_uri)
     _check_checkpoint_dir(spec)
     _check_backend(spec)
+    _check_time_budget(spec)
 
 
 def _check_checkpoint_uri(uri: str) -> None:
@@ -220,6 +221,25 @@ def _check_backend(spec: JobSpec) -> None:
         raise ConfigError(
             f"hyperparameter backend=smddp: instance type {spec.instance_type!r} has no SMDDP support (SMDDP "
             f"runs on {', '.join(SMDDP_INSTANCE_TYPES)}); use backend 'nccl' or leave it unset ('auto')"
+        )
+
+
+def _check_time_budget(spec: JobSpec) -> None:
+    """Hyperparameter `time` (hours, --time): the budget must end before max_run, or SageMaker stops the
+    job before the final validation and the exports."""
+    hours = _hyperparameter(spec, "time")
+    if hours is None:
+        return
+    try:
+        seconds = float(str(hours).strip().strip('"')) * 3600
+    except ValueError:
+        return  # the trainer names a bad value itself, before any work
+    if seconds >= spec.max_run_s:
+        suggested = int(seconds * 1.05 + 900)
+        raise ConfigError(
+            f"hyperparameter time={hours} ({seconds:.0f} s) is not below max_run_s ({spec.max_run_s}): SageMaker "
+            "would stop the job before the final validation of best.pt and the exports; set max_run_s a "
+            f"little above it, e.g. {suggested}"
         )
 
 

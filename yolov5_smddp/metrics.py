@@ -1,5 +1,6 @@
 """Detection metrics, COCO-style: per-IoU-threshold matching, 101-point interpolated AP per class,
-precision and recall at the confidence of best mean F1, and the fitness used to pick "best" weights.
+precision and recall at the confidence of best mean F1, the fitness used to pick "best" weights, and the
+per-class table (class / images / instances / P / R / mAP50 / mAP50-95).
 
 Box format everywhere here: xyxy pixels. AP is averaged over the classes that have ground truth
 (as COCOeval does); a class with ground truth and no detection scores 0.
@@ -7,7 +8,9 @@ Box format everywhere here: xyxy pixels. AP is averaged over the classes that ha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,7 +71,10 @@ def _interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
 
 @dataclass
 class DetectionMetrics:
-    """Validation summary. Means are over classes with ground truth; `per_class_*` keyed by class id."""
+    """Validation summary. Means are over classes with ground truth; `per_class_*` keyed by class id
+    (the classes with ground truth): AP, P and R at the confidence of best MEAN F1 (`best_conf`, one
+    confidence for every class, so the means of the per-class P and R are `precision` and `recall`),
+    instances (ground-truth boxes) and images (images holding at least one box of the class)."""
 
     precision: float
     recall: float
@@ -79,6 +85,10 @@ class DetectionMetrics:
     per_class_ap50_95: dict[int, float] = field(default_factory=dict)
     num_images: int = 0
     num_targets: int = 0
+    per_class_precision: dict[int, float] = field(default_factory=dict)
+    per_class_recall: dict[int, float] = field(default_factory=dict)
+    per_class_instances: dict[int, int] = field(default_factory=dict)
+    per_class_images: dict[int, int] = field(default_factory=dict)
 
     @property
     def fitness(self) -> float:
@@ -93,14 +103,77 @@ class DetectionMetrics:
             "fitness": self.fitness,
         }
 
+    def per_class(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """One JSON-able row per class with ground truth, by class id: class, name, images, instances,
+        precision, recall, mAP50, mAP50-95 (`names[class]`, or the id as text when `names` is short)."""
+        return [
+            {
+                "class": c,
+                "name": str(names[c]) if 0 <= c < len(names) else str(c),
+                "images": self.per_class_images.get(c, 0),
+                "instances": self.per_class_instances.get(c, 0),
+                "precision": self.per_class_precision.get(c, 0.0),
+                "recall": self.per_class_recall.get(c, 0.0),
+                "mAP50": ap50,
+                "mAP50-95": self.per_class_ap50_95[c],
+            }
+            for c, ap50 in sorted(self.per_class_ap50.items())
+        ]
+
+
+TABLE_HEADER = ("Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95")
+
+
+def results_table(metrics: DetectionMetrics, names: Sequence[str], *, per_class: bool = True) -> str:
+    """The release's results table: a header, the row "all" (images scored, boxes, mean P/R, mAP50,
+    mAP50-95) and, with `per_class` and more than one class name, one row per class with ground truth
+    (its images = images holding the class, instances = its boxes). Lines joined by newlines."""
+    width = max([len(TABLE_HEADER[0]), len("all"), *(len(str(n)) for n in names)]) + 2
+
+    def line(name: str, images: int, instances: int, p: float, r: float, ap50: float, ap: float) -> str:
+        numbers = f"{images:>11d}{instances:>11d}" + "".join(f"{v:>11.3g}" for v in (p, r, ap50, ap))
+        return f"{name:>{width}}{numbers}"
+
+    rows = [
+        f"{TABLE_HEADER[0]:>{width}}" + "".join(f"{h:>11}" for h in TABLE_HEADER[1:]),
+        line(
+            "all",
+            metrics.num_images,
+            metrics.num_targets,
+            metrics.precision,
+            metrics.recall,
+            metrics.map50,
+            metrics.map50_95,
+        ),
+    ]
+    if per_class and len(names) > 1:
+        for row in metrics.per_class(names):
+            rows.append(
+                line(
+                    row["name"],
+                    row["images"],
+                    row["instances"],
+                    row["precision"],
+                    row["recall"],
+                    row["mAP50"],
+                    row["mAP50-95"],
+                )
+            )
+    return "\n".join(rows)
+
 
 def ap_per_class(
-    correct: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray
+    correct: np.ndarray,
+    conf: np.ndarray,
+    pred_cls: np.ndarray,
+    target_cls: np.ndarray,
+    target_first: np.ndarray | None = None,
 ) -> DetectionMetrics:
-    """AP per class and IoU threshold, and P/R at the best mean-F1 confidence.
+    """AP per class and IoU threshold, and P/R at the best mean-F1 confidence (overall and per class).
 
     correct (bool[N, T]) from match_predictions over all images; conf [N]; pred_cls [N]; target_cls [M]
-    (one entry per ground-truth box).
+    (one entry per ground-truth box); target_first (bool[M], optional) marks each box that is the first
+    of its class in its image, so that the per-class image counts are sums of it (none without it).
     """
     order = np.argsort(-conf, kind="mergesort")
     correct, conf, pred_cls = correct[order], conf[order], pred_cls[order]
@@ -127,6 +200,10 @@ def ap_per_class(
         return DetectionMetrics(0.0, 0.0, 0.0, 0.0, 0.0)
     f1 = 2 * p_curve * r_curve / np.maximum(p_curve + r_curve, 1e-16)
     best = int(f1.mean(0).argmax())
+    images = {}
+    if target_first is not None:
+        first_cls = target_cls.astype(np.int64)[np.asarray(target_first, dtype=bool)]
+        images = {int(c): int((first_cls == c).sum()) for c in classes}
     return DetectionMetrics(
         precision=float(p_curve[:, best].mean()),
         recall=float(r_curve[:, best].mean()),
@@ -136,7 +213,19 @@ def ap_per_class(
         per_class_ap50={int(c): float(a) for c, a in zip(classes, ap[:, 0])},
         per_class_ap50_95={int(c): float(a) for c, a in zip(classes, ap.mean(1))},
         num_targets=int(len(target_cls)),
+        per_class_precision={int(c): float(p) for c, p in zip(classes, p_curve[:, best])},
+        per_class_recall={int(c): float(r) for c, r in zip(classes, r_curve[:, best])},
+        per_class_instances={int(c): int(n) for c, n in zip(classes, gt_counts)},
+        per_class_images=images,
     )
+
+
+def first_of_class(gt_cls: np.ndarray) -> np.ndarray:
+    """bool [m]: each box of one image that is the first of its class in that image."""
+    gt_cls = np.asarray(gt_cls).astype(np.int64).reshape(-1)
+    first = np.zeros(gt_cls.shape, dtype=bool)
+    first[np.unique(gt_cls, return_index=True)[1]] = True
+    return first
 
 
 class MetricAccumulator:
@@ -148,6 +237,7 @@ class MetricAccumulator:
         self._conf: list[np.ndarray] = []
         self._pred_cls: list[np.ndarray] = []
         self._target_cls: list[np.ndarray] = []
+        self._target_first: list[np.ndarray] = []
         self.num_images = 0
 
     def update(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor) -> None:
@@ -165,6 +255,7 @@ class MetricAccumulator:
         self._conf.append(detections[:, 4].numpy())
         self._pred_cls.append(detections[:, 5].numpy())
         self._target_cls.append(gt_cls.cpu().numpy())
+        self._target_first.append(first_of_class(self._target_cls[-1]))
         self.num_images += 1
 
     def state(self) -> dict[str, np.ndarray]:
@@ -175,40 +266,42 @@ class MetricAccumulator:
             "conf": np.concatenate(self._conf) if self._conf else np.zeros(0),
             "pred_cls": np.concatenate(self._pred_cls) if self._pred_cls else np.zeros(0),
             "target_cls": np.concatenate(self._target_cls) if self._target_cls else np.zeros(0),
+            "target_first": np.concatenate(self._target_first) if self._target_first else np.zeros(0, bool),
         }
 
     def compute(self) -> DetectionMetrics:
-        s = self.state()
-        result = ap_per_class(s["correct"], s["conf"], s["pred_cls"], s["target_cls"])
-        result.num_images = self.num_images
-        return result
+        return metrics_from_state(self.state(), self.num_images)
 
 
 def pack_state(state: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """A MetricAccumulator state as two float32 tensors for gathering: predictions [N, T + 2] (the T
-    true-positive flags as 0/1, conf, pred cls) and targets [M, 1] (target cls). Exact: conf is float32
-    already, classes and flags are small integers."""
+    true-positive flags as 0/1, conf, pred cls) and targets [M, 2] (target cls, first-of-its-class-in-
+    its-image flag as 0/1). Exact: conf is float32 already, classes and flags are small integers."""
     correct = torch.from_numpy(np.ascontiguousarray(state["correct"], dtype=np.float32))
     conf = torch.from_numpy(np.asarray(state["conf"], dtype=np.float32)).view(-1, 1)
     pred_cls = torch.from_numpy(np.asarray(state["pred_cls"], dtype=np.float32)).view(-1, 1)
-    targets = torch.from_numpy(np.asarray(state["target_cls"], dtype=np.float32)).view(-1, 1)
-    return torch.cat([correct, conf, pred_cls], 1), targets
+    target_cls = torch.from_numpy(np.asarray(state["target_cls"], dtype=np.float32)).view(-1, 1)
+    first = torch.from_numpy(np.asarray(state["target_first"], dtype=np.float32)).view(-1, 1)
+    return torch.cat([correct, conf, pred_cls], 1), torch.cat([target_cls, first], 1)
 
 
 def unpack_states(predictions: list[torch.Tensor], targets: list[torch.Tensor]) -> dict[str, np.ndarray]:
     """The inverse of `pack_state` over several parts (ranks), concatenated in the given order."""
     rows = torch.cat(predictions).numpy() if predictions else np.zeros((0, IOU_THRESHOLDS.numel() + 2))
-    target_cls = torch.cat(targets).numpy().reshape(-1) if targets else np.zeros(0, np.float32)
+    target_rows = torch.cat(targets).numpy().reshape(-1, 2) if targets else np.zeros((0, 2), np.float32)
     return {
         "correct": rows[:, :-2] > 0.5,
         "conf": rows[:, -2].astype(np.float32),
         "pred_cls": rows[:, -1].astype(np.float32),
-        "target_cls": target_cls.astype(np.float32),
+        "target_cls": target_rows[:, 0].astype(np.float32),
+        "target_first": target_rows[:, 1] > 0.5,
     }
 
 
 def metrics_from_state(state: dict[str, np.ndarray], num_images: int) -> DetectionMetrics:
     """DetectionMetrics of a (gathered) MetricAccumulator state over `num_images` images."""
-    result = ap_per_class(state["correct"], state["conf"], state["pred_cls"], state["target_cls"])
+    result = ap_per_class(
+        state["correct"], state["conf"], state["pred_cls"], state["target_cls"], state.get("target_first")
+    )
     result.num_images = num_images
     return result

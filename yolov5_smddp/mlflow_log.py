@@ -1,5 +1,6 @@
 """Optional MLflow tracking for rank 0: the resolved config and hyperparameters as params, every epoch's
-metrics, and at the end the plots and best.pt as artefacts.
+metrics, at the end the final metrics per class (`class/<id>_<name>/mAP50-95` ...), and the plots and
+best.pt as artefacts.
 
 Active only when MLFLOW_TRACKING_URI is set and `mlflow` imports (`mlflow-skinny` is enough; SageMaker managed
 MLflow takes the tracking server's ARN as the URI and needs the `sagemaker-mlflow` plugin too). The run is
@@ -14,8 +15,9 @@ import json
 import logging
 import math
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value (longer values are cut, ending in "...")."""
 PARAMS_PER_BATCH = 100
 """MLflow's limit on params in one log_batch call."""
+METRICS_PER_BATCH = 1000
+"""MLflow's limit on metrics in one log_batch call."""
 PLOT_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
@@ -55,6 +59,21 @@ def epoch_metrics(row: Mapping[str, Any]) -> dict[str, float]:
             continue
         if math.isfinite(value):
             out[key] = float(value)
+    return out
+
+
+PER_CLASS_VALUES = ("precision", "recall", "mAP50", "mAP50-95", "images", "instances")
+
+
+def per_class_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The final per-class rows (`DetectionMetrics.per_class`) as MLflow metrics: `class/<id>_<name>/<value>`
+    for each of PER_CLASS_VALUES; characters MLflow does not allow in a key become "_" (the id keeps two
+    names that read the same apart)."""
+    out = {}
+    for row in rows:
+        name = re.sub(r"[^A-Za-z0-9_\-. ]", "_", str(row["name"]))
+        for value in PER_CLASS_VALUES:
+            out[f"class/{int(row['class'])}_{name}/{value}"] = float(row[value])
     return out
 
 
@@ -93,6 +112,18 @@ class MlflowRun:
             self._client.log_batch(self.run_id, metrics=metrics)
         except Exception as exc:  # a tracking problem must never stop training
             self._failed(f"logging epoch {epoch}", exc)
+
+    def log_per_class(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The final validation's per-class rows at `step` (the epochs trained)."""
+        if self._client is None:
+            return
+        stamp = int(time.time() * 1000)
+        metrics = [self._metric(k, v, stamp, step) for k, v in per_class_metrics(rows).items()]
+        try:
+            for i in range(0, len(metrics), METRICS_PER_BATCH):
+                self._client.log_batch(self.run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
+        except Exception as exc:
+            self._failed("logging the per-class metrics", exc)
 
     def finish(self, output_dir: Path, model_dir: Path, *, interrupted: bool = False) -> None:
         if self._client is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from torch import nn
 
 from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.budget import TimeBudget, counting_clock
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -50,7 +52,7 @@ from yolov5_smddp.engine import (
 )
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
-from yolov5_smddp.metrics import DetectionMetrics
+from yolov5_smddp.metrics import DetectionMetrics, results_table
 from yolov5_smddp.models.autoanchor import autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
@@ -506,6 +508,12 @@ class Run:
     """set once the train loader's length is known."""
     batches_per_epoch: int = 1
     """the train loader's length (the schedule's epoch lag needs it)."""
+    epochs: int = 0
+    """the run's epochs in all: --epochs, or with --time the count planned from the measured epoch times
+    (budget.py), which the schedule decays over."""
+
+    def __post_init__(self) -> None:
+        self.epochs = self.epochs or self.config.epochs
 
     @property
     def main(self) -> bool:
@@ -520,7 +528,7 @@ class Run:
         return lambda it: step_settings(
             it,
             epoch,
-            epochs=self.config.epochs,
+            epochs=self.epochs,
             warmup_iters=self.warmup_iters,
             batches_per_epoch=self.batches_per_epoch,
             hyp=self.hyp,
@@ -653,7 +661,7 @@ def end_epoch(
     emit(
         metric_line(
             epoch=state.epoch,
-            epochs=run.config.epochs,
+            epochs=run.epochs,
             **{k: v for k, v in row.items() if k != "epoch"},
             samples_per_sec_per_gpu=result.throughput["samples_per_sec_per_gpu"],
             peak_mem_gb=peak_memory_gb(run.device),
@@ -695,14 +703,26 @@ def run_epochs(
     stop: _StopOnSigterm,
     tracking: mlflow_log.MlflowRun | None = None,
 ) -> EpochsOutcome:
-    """The epochs from `state.epoch`: train, validate with the EMA (every rank its shard), end the epoch
-    on rank 0, stop early or on SIGTERM (rank 0 decides for every rank). `bundle` gives the plots the
+    """The epochs from `state.epoch`: train, (with --time) plan the epochs that fit, validate with the EMA
+    (every rank its shard), end the epoch on rank 0, stop early or on SIGTERM (rank 0 decides for every
+    rank). `bundle` gives the plots the
     class names and the val labels. `stop`: the job's SIGTERM flag; after the last epoch it cuts the final
     validation of best.pt short (the last epoch's metrics stand), so the final outputs are written in time."""
     config, main = run.config, run.main
     outcome = EpochsOutcome()
     board = open_tensorboard(run.dirs.tensorboard_dir) if main else None
-    for epoch in range(state.epoch, config.epochs):
+    budget = None
+    if config.time:
+        clock = (
+            time.monotonic
+            if config.inject_epoch_seconds is None
+            else counting_clock(config.inject_epoch_seconds)
+        )
+        budget = TimeBudget(config.time, used_before=state.time_used, clock=clock)
+        budget.start()
+    for epoch in itertools.count(state.epoch):
+        if epoch >= run.epochs:  # with --time the count changes as the epochs go
+            break
         epoch_started = time.perf_counter()
         train_loader.sampler.set_epoch(epoch)
         first_iteration = state.iteration
@@ -737,9 +757,11 @@ def run_epochs(
             outcome.interrupted = True
             break
         outcome.throughputs.append(result.throughput)
+        if budget is not None:
+            plan_epochs(run, state, budget, epochs_done=epoch + 1)
         # -- validate with the EMA weights, every rank its shard; rank 0 gets the metrics
         metrics = None
-        last_epoch = epoch + 1 == config.epochs
+        last_epoch = epoch + 1 >= run.epochs
         recorder = None
         if val_loader is not None and (not config.noval or last_epoch):
             if not config.noplots:  # every rank records its shard; gathered to rank 0 below
@@ -772,7 +794,7 @@ def run_epochs(
         # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
         stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
         stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
-        if sigterm and epoch + 1 < config.epochs:
+        if sigterm and epoch + 1 < run.epochs:
             if main:
                 print(
                     checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir),
@@ -799,7 +821,37 @@ def run_epochs(
             )
         if main and best_metrics is not None:
             emit(metric_line(final=1, **best_metrics.to_dict()), main=True)
+        if main and outcome.final_metrics is not None:
+            report_per_class(outcome.final_metrics, bundle.names, state.epoch, tracking)
     return outcome
+
+
+def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epochs_done: int) -> None:
+    """--time, after an epoch's training: rank 0 plans the run's epochs from the measured epoch times
+    (budget.py), every rank takes its count (the schedule follows it); the state records the seconds used
+    and the plan for the checkpoint."""
+    planned = distributed.broadcast_object(budget.plan(epochs_done) if run.main else None)
+    if run.main and planned != run.epochs:
+        log.info(
+            "time budget: %.3g of %.3g h used, the last epoch %.1f s: %d epochs in all (was %d)",
+            budget.used / 3600,
+            budget.hours,
+            budget.epoch_seconds[-1],
+            planned,
+            run.epochs,
+        )
+    run.epochs = state.planned_epochs = int(planned)
+    state.time_used = budget.used
+
+
+def report_per_class(
+    metrics: DetectionMetrics, names: list[str], epochs: int, tracking: mlflow_log.MlflowRun | None
+) -> None:
+    """The final results table in the log, a row per class (as the release prints it after training),
+    and the per-class values in MLflow at step `epochs`."""
+    log.info("final validation (best.pt unless cut short):\n%s", results_table(metrics, names))
+    if tracking is not None:
+        tracking.log_per_class(epochs, metrics.per_class(names))
 
 
 def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> int:
@@ -848,6 +900,8 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
     )
     run = Run(config, info, dirs, decided.plan, decided.amp, device, model, stack)
     state = resume(run, resumable, saved)
+    if config.time and state.planned_epochs:  # a restart keeps the schedule of the budget's plan
+        run.epochs = state.planned_epochs
 
     # -- step and loaders
     step = build_step(run)
@@ -960,6 +1014,11 @@ def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOut
     rates = [t["samples_per_sec"] for t in throughputs]
     summary = {
         "final": outcome.final_metrics.to_dict() if outcome.final_metrics is not None else None,
+        "per_class": (
+            outcome.final_metrics.per_class(list(unwrap(run.model).names))
+            if outcome.final_metrics is not None
+            else None
+        ),
         "best": best_row,
         "epochs": len(history),
         "world_size": info.world_size,

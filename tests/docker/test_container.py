@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,16 @@ def test_toolkit_train_with_mounted_opt_ml(image: str, dataset: Path, tmp_path: 
 
 
 def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_path: Path, engine: Engine):
-    """No /opt/ml mounted at all: our ENTRYPOINT writes a local single-host config from the arguments."""
-    model = tmp_path / "model"
-    model.mkdir()
+    """No config mounted: our ENTRYPOINT writes a local single-host config from the arguments. The output
+    folders mounted as `./build.sh run` does, with its YOLOV5_SMDDP_OWNER: at the end everything in them
+    belongs to that (non-root) user, files 0644 and folders 0755, so the person who ran it can open them."""
+    folders = {name: tmp_path / name for name in ("model", "output", "checkpoints")}
+    for folder in folders.values():
+        folder.mkdir()
+    model = folders["model"]
     args = [w for k, v in TINY_HPS.items() for w in (f"--{k}", v)]
-    run = engine.run(image, ["train", *args], mounts=[bind(model, "/opt/ml/model")])
+    mounts = [bind(folder, f"/opt/ml/{name}") for name, folder in folders.items()]
+    run = engine.run(image, ["train", *args], mounts=mounts, environment={"YOLOV5_SMDDP_OWNER": "4321:4322"})
     log = run.log
     assert run.code == 0, log[-4000:]
     assert "wrote a single-host config" in log
@@ -46,6 +52,15 @@ def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_p
     assert (model / "best.pt").is_file() and (model / "metrics.json").is_file()
     # the serving files: TorchScript, and ONNX (the image carries the onnx package)
     assert (model / "best.torchscript").is_file() and (model / "best.onnx").is_file(), sorted(model.iterdir())
+    # a clean log: no tracer warning from the export, no font cache built at run time (the image has it)
+    assert "TracerWarning" not in log and "fontManager" not in log and "font cache" not in log
+    assert "output files and folders handed back to 4321:4322" in log
+    written = [p for folder in folders.values() for p in folder.rglob("*")]
+    assert len(written) > 10 and (folders["output"] / "data" / "results.csv") in written
+    for path in [*folders.values(), *written]:
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (4321, 4322), path
+        assert stat.S_IMODE(info.st_mode) == (0o755 if path.is_dir() else 0o644), (path, oct(info.st_mode))
 
 
 def test_bad_dataset_fails_with_a_clear_reason(image: str, tmp_path: Path, engine: Engine):

@@ -92,3 +92,16 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
     assert "HSV and flips on the device batch" in proc.stdout + proc.stderr  # --color-aug device
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 1)
+
+
+def test_two_ranks_agree_on_the_time_budgets_plan(tmp_path, data):
+    """--time under torchrun + Gloo: rank 0 plans (every epoch counted as 10 s of a 36 s budget: 3 epochs in
+    all, no wall time involved) and both ranks stop after epoch 3; a rank left on --epochs 10 would wait in
+    the next epoch's collectives until --dist-timeout and fail the run."""
+    out = tmp_path / "run"
+    budget = ("--time", "0.01", "--inject-epoch-seconds", "10", "--dist-timeout", "120")
+    program = [*_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "10", *budget)]
+    proc = torchrun(program).run(timeout=600)
+    assert "backend=gloo world_size=2" in proc.stdout and "3 epochs in all (was 10)" in proc.stdout
+    assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
+    _check_run(out, proc.stdout, 3)

@@ -269,6 +269,39 @@ def test_sigterm_after_the_last_epoch_still_writes_the_model(tmp_path):
     assert json.loads((out / "model" / "metrics.json").read_text())["epochs"] == 1
 
 
+def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):
+    """--time 0.01 h (36 s) with every epoch counted as 10 s (the hidden clock hook: no wall time involved).
+    After epoch 1 the plan is 3 epochs in all (10 s used, 26 s left), it stays 3, and the run ends there
+    with the usual final validation and model folder; from epoch 2 on the learning rate follows 3 epochs."""
+    from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.engine import step_settings
+
+    data = _tiny_dataset(tmp_path / "data")  # 64 train images: 16 batches of 4 an epoch
+    out = tmp_path / "run"
+    budget = ("--time", "0.01", "--inject-epoch-seconds", "10")
+    cmd = _train_cmd(
+        out, "--data", str(data), "--imgsz", "64", "--epochs", "10", "--batch-size", "4", *budget
+    )
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 epochs in all (was 10)" in proc.stdout
+    assert "epoch=3 epochs=3 " in proc.stdout
+    rows = _rows(out / "output" / "results.csv")
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    metrics = json.loads((out / "model" / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["final"] is not None and metrics["per_class"]
+    for name in ("best.pt", "best.torchscript", "config.json", "code/inference.py"):
+        assert (out / "model" / name).is_file(), name
+    state = torch.load(out / "ckpt" / "last.pt", weights_only=True)
+    assert (state["planned_epochs"], state["time_used"]) == (3, 30.0)
+    # epoch 2's last step (iteration 31 of warmup's 100) aims at lr0 * lr_factor(1, 3), not (1, 10)
+    hyp = load_hyp("scratch-low")
+    kw = {"warmup_iters": 100, "batches_per_epoch": 16, "hyp": hyp, "cosine": False, "global_batch": 4}
+    planned = step_settings(31, 1, epochs=3, **kw).lrs["weight"]
+    assert float(rows[1]["lr_weight"]) == pytest.approx(planned, rel=1e-9)
+    assert planned != pytest.approx(step_settings(31, 1, epochs=10, **kw).lrs["weight"], rel=1e-3)
+
+
 def test_non_finite_loss_is_reported_clearly(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
     proc = subprocess.run(

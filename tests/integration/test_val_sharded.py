@@ -10,7 +10,7 @@ import torch
 from launchers import Launch, mpirun, torchrun
 from launchers import single as one_process
 
-KEYS = ("precision", "recall", "mAP50", "mAP50-95", "fitness", "images", "targets")
+KEYS = ("precision", "recall", "mAP50", "mAP50-95", "fitness", "images", "targets", "per_class")
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +64,15 @@ def single(setup) -> dict:
     assert "val: 30 of 30 images on 1 rank" in out
     metrics = json.loads((root / "one.json").read_text())
     assert metrics["images"] == 30 and metrics["mAP50"] > 0 and metrics["recall"] > 0  # non-trivial
+    # the per-class table (fewer than 50 classes: printed without --verbose), and its values in the JSON
+    rows = metrics["per_class"]
+    assert sum(r["instances"] for r in rows) == metrics["targets"] and len(rows) > 1
+    assert all(0 < r["images"] <= min(r["instances"], 30) for r in rows)
+    for r in rows:
+        assert any(
+            line.split()[:3] == [r["name"], str(r["images"]), str(r["instances"])]
+            for line in out.splitlines()
+        )
     return metrics
 
 

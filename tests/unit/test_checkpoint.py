@@ -78,6 +78,8 @@ def test_run_state_round_trips_through_a_checkpoint(tmp_path):
         "best_fitness": 0.25,
         "stale_epochs": 1,
         "history": [{"epoch": 1, "fitness": 0.25}],
+        "time_used": 0.0,
+        "planned_epochs": None,
     }
     save_checkpoint(tmp_path, state.to_checkpoint())
     restored = RunState.from_checkpoint(load_checkpoint(tmp_path / "last.pt"))

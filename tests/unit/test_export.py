@@ -114,6 +114,21 @@ def test_onnx_layout_metadata_and_values(exported, dynamic):
         assert error < TOLERANCE
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_export_records_no_tracer_warning(tmp_path, dynamic):
+    """Tracing the model leaves no Python branch on a traced value (the log a user reads stays clean):
+    no TracerWarning from either exporter, static or dynamic."""
+    import warnings
+
+    include = ("onnx",) if dynamic else ("torchscript", "onnx")
+    options = ExportOptions(include=include, imgsz=(64, 96), batch_size=2, dynamic=dynamic)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_model(_model("n"), tmp_path / "best", options)
+    tracer = [str(w.message) for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    assert tracer == []
+
+
 def test_names_metadata_round_trip():
     assert names_literal(["a", "b c", "d'e"]) == "{0: 'a', 1: 'b c', 2: \"d'e\"}"
     assert parse_names(names_literal(["a", "b c", "d'e"]), 3) == ["a", "b c", "d'e"]

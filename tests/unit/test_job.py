@@ -93,6 +93,16 @@ def test_hyperparameter_strings_rejects_bad_names_and_values():
         hyperparameter_strings({"names": ["a", "b"]})
 
 
+def test_a_time_budget_must_end_before_max_run():
+    def spec(hours, max_run_s):
+        hps = {"time": hours, "cfg": "yolov5s"}
+        return JobSpec(image_uri=IMAGE, role=ROLE, hyperparameters=hps, max_run_s=max_run_s)
+
+    with pytest.raises(ConfigError, match=r"time=2 \(7200 s\) is not below max_run_s \(7200\).*e\.g\. 8460"):
+        pytorch_estimator_kwargs(spec(2, 7200))
+    assert pytorch_estimator_kwargs(spec("1.5", 7200))["max_run"] == 7200
+
+
 def test_spot_checks():
     with pytest.raises(ConfigError, match="checkpoint_s3_uri"):
         pytorch_estimator_kwargs(

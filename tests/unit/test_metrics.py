@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.metrics import MetricAccumulator, ap_per_class, fitness, match_predictions
+from yolov5_smddp.metrics import (
+    MetricAccumulator,
+    ap_per_class,
+    first_of_class,
+    fitness,
+    match_predictions,
+    results_table,
+)
 
 
 def test_fitness_weights():
@@ -53,6 +60,76 @@ def test_class_without_detections_scores_zero_and_no_gt_class_is_ignored():
     # class 0 perfect, class 1 never detected, class 2 has no ground truth (ignored)
     assert m.map50 == pytest.approx(0.5)
     assert set(m.per_class_ap50) == {0, 1}
+
+
+def _hand_problem() -> MetricAccumulator:
+    """Three images, worked out by hand below. Class 0: 2 boxes in 2 images, detected at conf 0.9 (TP),
+    0.6 (FP) and 0.3 (TP); class 1: 1 box, detected at 0.8 (TP); class 2: 3 boxes, 2 of them in one image,
+    never detected; class 3: a false positive only (no ground truth: no row)."""
+    acc = MetricAccumulator()
+    box = torch.tensor([[0.0, 0, 10, 10]])
+    far = torch.tensor([[50.0, 50, 60, 60]])
+    acc.update(  # image 0: a class-0 box found (0.9), a class-1 box found (0.8), a class-0 FP (0.6)
+        torch.tensor([[0.0, 0, 10, 10, 0.9, 0], [50, 50, 60, 60, 0.8, 1], [80, 80, 90, 90, 0.6, 0]]),
+        torch.cat([box, far]),
+        torch.tensor([0.0, 1.0]),
+    )
+    acc.update(  # image 1: a class-0 box found late (0.3), two class-2 boxes missed, a class-3 FP
+        torch.tensor([[0.0, 0, 10, 10, 0.3, 0], [30, 30, 40, 40, 0.5, 3]]),
+        torch.cat([box, far, far + 10]),
+        torch.tensor([0.0, 2.0, 2.0]),
+    )
+    acc.update(torch.zeros(0, 6), far, torch.tensor([2.0]))  # image 2: one class-2 box, missed
+    return acc
+
+
+def test_per_class_values_worked_out_by_hand():
+    m = _hand_problem().compute()
+    # Curves at IoU 0.5 against the confidence grid (interpolated between detections, P = 1 and R = 0
+    # above the first one). Class 0: R 0.5 down to conf 0.6, rising to 1 at 0.3; P 1 -> 1/2 -> 2/3, so
+    # its F1 peaks (0.8: P 2/3, R 1) at every confidence <= 0.3. Class 1: F1 1 below 0.8. Class 2: 0.
+    # The mean F1 peaks first at the grid's confidence 0, where every class is read.
+    assert m.best_conf == 0.0
+    assert m.per_class_precision == pytest.approx({0: 2 / 3, 1: 1.0, 2: 0.0})
+    assert m.per_class_recall == pytest.approx({0: 1.0, 1: 1.0, 2: 0.0})
+    assert m.precision == pytest.approx((2 / 3 + 1 + 0) / 3) and m.recall == pytest.approx(2 / 3)
+    assert m.per_class_instances == {0: 2, 1: 1, 2: 3}
+    assert m.per_class_images == {0: 2, 1: 1, 2: 2}  # class 2: 3 boxes in 2 images
+    # AP (COCO's 101 points): class 0 precision envelope 1 up to R 0.5, then 2/3 -> (51 + 50 * 2/3) / 101
+    assert m.per_class_ap50 == pytest.approx({0: (51 + 50 * 2 / 3) / 101, 1: 1.0, 2: 0.0})
+    assert m.num_images == 3 and m.num_targets == 6
+    rows = m.per_class(["person", "car", "dog", "cat"])
+    assert [r["name"] for r in rows] == ["person", "car", "dog"]
+    assert rows[2] == {
+        "class": 2,
+        "name": "dog",
+        "images": 2,
+        "instances": 3,
+        "precision": 0.0,
+        "recall": 0.0,
+        "mAP50": 0.0,
+        "mAP50-95": 0.0,
+    }
+
+
+def test_results_table_lines():
+    m = _hand_problem().compute()
+    lines = results_table(m, ["person", "car", "dog", "cat"]).splitlines()
+    assert lines[0].split() == ["Class", "Images", "Instances", "P", "R", "mAP50", "mAP50-95"]
+    assert lines[1].split()[:3] == ["all", "3", "6"]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["person", "2", "2"],
+        ["car", "1", "1"],
+        ["dog", "2", "3"],
+    ]
+    assert lines[2].split()[3:6] == ["0.667", "1", f"{(51 + 50 * 2 / 3) / 101:.3g}"]
+    assert len({len(line) for line in lines}) == 1  # aligned columns
+    assert len(results_table(m, ["person", "car", "dog", "cat"], per_class=False).splitlines()) == 2
+
+
+def test_first_of_class_marks_one_box_per_class_and_image():
+    assert first_of_class(np.array([2, 0, 2, 2, 0, 5])).tolist() == [True, True, False, False, False, True]
+    assert first_of_class(np.zeros(0)).tolist() == []
 
 
 def _random_problem(seed: int, n_images: int = 30, nc: int = 4):
@@ -123,3 +200,12 @@ def test_map_equals_pycocotools(seed):
     ours = acc.compute()
     assert ours.map50 == pytest.approx(coco_map50, abs=0.002)
     assert ours.map50_95 == pytest.approx(coco_map, abs=0.002)
+    # per class: AP50 and AP50-95 per category, and the instance / image counts of the ground truth
+    coco_classes = [int(c) for c in np.flatnonzero(valid)]
+    assert sorted(ours.per_class_ap50) == coco_classes
+    for k in coco_classes:
+        assert ours.per_class_ap50[k] == pytest.approx(ap_tk[0, k], abs=0.002), k
+        assert ours.per_class_ap50_95[k] == pytest.approx(ap_tk[:, k].mean(), abs=0.002), k
+        annotations = [a for a in gt_json["annotations"] if a["category_id"] == k]
+        assert ours.per_class_instances[k] == len(annotations)
+        assert ours.per_class_images[k] == len({a["image_id"] for a in annotations})

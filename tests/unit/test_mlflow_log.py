@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from yolov5_smddp import mlflow_log
-from yolov5_smddp.mlflow_log import artefacts, epoch_metrics, flatten_params
+from yolov5_smddp.mlflow_log import artefacts, epoch_metrics, flatten_params, per_class_metrics
 
 
 def test_params_are_flattened_to_strings():
@@ -41,6 +41,20 @@ def test_epoch_metrics_are_the_finite_numbers_without_the_epoch():
     row = {"epoch": 2, "box_loss": 0.05, "mAP50-95": 0.3125, "lr_bias": 0.001, "precision": math.nan}
     row.update(fitness=math.inf, note="text", flag=True, samples=12)
     assert epoch_metrics(row) == {"box_loss": 0.05, "mAP50-95": 0.3125, "lr_bias": 0.001, "samples": 12.0}
+
+
+def test_per_class_rows_become_named_metrics():
+    rows = [
+        {"class": 0, "name": "person", "images": 3, "instances": 5, "precision": 0.5, "recall": 0.25,
+         "mAP50": 0.75, "mAP50-95": 0.375},
+        {"class": 7, "name": "traffic light (red)?", "images": 1, "instances": 1, "precision": 1.0,
+         "recall": 1.0, "mAP50": 1.0, "mAP50-95": 0.5},
+    ]  # fmt: skip
+    got = per_class_metrics(rows)
+    assert got["class/0_person/mAP50-95"] == 0.375 and got["class/0_person/instances"] == 5.0
+    assert got["class/0_person/images"] == 3.0 and got["class/0_person/recall"] == 0.25
+    assert got["class/7_traffic light _red__/precision"] == 1.0
+    assert len(got) == 12
 
 
 def test_artefacts_are_the_plots_then_best_pt(tmp_path: Path):
@@ -91,6 +105,8 @@ def test_a_run_is_logged_and_read_back(mlflow_store: str, tmp_path: Path, caplog
         assert run is not None
         run.log_epoch(1, {"epoch": 1, "box_loss": 0.08, "mAP50-95": 0.125, "precision": math.nan})
         run.log_epoch(2, {"epoch": 2, "box_loss": 0.06, "mAP50-95": 0.25, "precision": 0.5})
+        row = {"class": 1, "name": "car", "images": 2, "instances": 3, "precision": 0.5, "recall": 1.0}
+        run.log_per_class(2, [{**row, "mAP50": 0.75, "mAP50-95": 0.5}])
         out, model = tmp_path / "out", tmp_path / "model"
         out.mkdir()
         model.mkdir()
@@ -114,6 +130,7 @@ def test_a_run_is_logged_and_read_back(mlflow_store: str, tmp_path: Path, caplog
     history = client.get_metric_history(run.run_id, "mAP50-95")
     assert [(m.step, m.value) for m in history] == [(1, 0.125), (2, 0.25)]
     assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "precision")] == [(2, 0.5)]
+    assert got.data.metrics["class/1_car/mAP50-95"] == 0.5 and got.data.metrics["class/1_car/instances"] == 3
     assert [a.path for a in client.list_artifacts(run.run_id)] == ["model", "plots"]
     assert [a.path for a in client.list_artifacts(run.run_id, "plots")] == ["plots/results.png"]
     best = Path(client.download_artifacts(run.run_id, "model/best.pt", str(tmp_path / "dl")))
@@ -244,6 +261,8 @@ def test_a_training_run_logs_to_mlflow(mlflow_store: str, tmp_path: Path):
     artefact_paths = [a.path for a in client.list_artifacts(run.info.run_id, "model")]
     assert artefact_paths == ["model/best.pt"]
     assert "MLflow:" not in done.stderr.replace("MLflow: run ", "")  # no warning
+    per_class = {k: v for k, v in run.data.metrics.items() if k.startswith("class/")}
+    assert per_class and all(k.split("/")[-1] in mlflow_log.PER_CLASS_VALUES for k in per_class)
 
 
 @pytest.mark.parametrize(

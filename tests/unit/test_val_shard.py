@@ -100,11 +100,13 @@ def test_pack_unpack_in_rank_order_equals_one_accumulator():
     for key in ("precision", "recall", "map50", "map50_95", "best_conf", "num_images", "num_targets"):
         assert getattr(merged, key) == getattr(whole, key), key
     assert merged.per_class_ap50_95 == whole.per_class_ap50_95
+    assert merged.per_class(["a", "b", "c"]) == whole.per_class(["a", "b", "c"])
+    assert sum(merged.per_class_images.values()) > len(merged.per_class_images)  # counts, not flags
 
 
 def test_pack_state_of_an_empty_shard():
     predictions, targets = pack_state(MetricAccumulator().state())
-    assert predictions.shape == (0, 12) and targets.shape == (0, 1)
+    assert predictions.shape == (0, 12) and targets.shape == (0, 2)
     assert predictions.dtype == torch.float32
 
 

@@ -1,6 +1,8 @@
 """`yolov5-smddp val --weights W --data D [--save-json]`: validate weights on a dataset's val split.
 
-Prints one metric line (precision, recall, mAP50, mAP50-95). With --save-json it also writes the
+Prints one metric line (precision, recall, mAP50, mAP50-95) and the results table: the row "all" and, with
+--verbose or fewer than 50 classes (the release's rule), a row per class (images holding the class, its
+instances, P, R, mAP50, mAP50-95); --metrics-json holds the per-class values too ("per_class"). With --save-json it also writes the
 detections (`predictions.json`) and the ground truth (`ground_truth.json`) in COCO format, in original
 image pixels, and scores them with pycocotools when it is installed (maxDets 300 to match our max_det).
 
@@ -64,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write COCO-format JSON and score it with pycocotools",
     )
     parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/val")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="a row per class in the results table (without it: only with fewer than 50 classes)",
+    )
     parser.add_argument(
         "--metrics-json",
         "--metrics_json",
@@ -158,6 +165,7 @@ def _validate(args: argparse.Namespace, info) -> int:
     from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
+    from yolov5_smddp.metrics import results_table
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.telemetry import emit, metric_line
     from yolov5_smddp.valshard import split_summary
@@ -259,8 +267,11 @@ def _validate(args: argparse.Namespace, info) -> int:
         ),
         main=True,
     )
+    names = list(data.names)
+    log.info("\n%s", results_table(metrics, names, per_class=args.verbose or len(names) < 50))
     if args.metrics_json:
         summary = {**metrics.to_dict(), "images": metrics.num_images, "targets": metrics.num_targets}
+        summary["per_class"] = metrics.per_class(names)
         summary["val_seconds"] = seconds
         Path(args.metrics_json).write_text(json.dumps({**summary, "skipped": skipped}), encoding="utf-8")
     if args.save_json:

@@ -70,13 +70,13 @@ class Detect(nn.Module):
 
     def _decode_float32(self, level: int, raw: torch.Tensor) -> torch.Tensor:
         batch, na, ny, nx, _ = raw.shape
-        if batch == 0:  # a validation batch whose every image was undecodable (left out by collate)
-            return raw.new_zeros((0, na * ny * nx, self.no))
         stride = self.strides[level]
         # cell indices from the tensor itself, not torch.arange(device=...): a traced TorchScript / ONNX
-        # graph then holds no device constant and runs on CPU and GPU alike (exact integers in float)
-        ones = torch.ones_like(raw[0, 0, :, :, 0])  # [ny, nx]
-        grid = torch.stack((ones.cumsum(1) - 1, ones.cumsum(0) - 1), dim=-1).view(1, 1, ny, nx, 2)
+        # graph then holds no device constant and runs on CPU and GPU alike (exact integers in float).
+        # One grid per image (no Python branch on the batch size, which tracing would freeze and warn
+        # about): an empty batch (every image undecodable, left out by collate) gives an empty output.
+        ones = torch.ones_like(raw[:, 0, :, :, 0])  # [B, ny, nx]
+        grid = torch.stack((ones.cumsum(2) - 1, ones.cumsum(1) - 1), dim=-1).unsqueeze(1)  # [B, 1, ny, nx, 2]
         anchor_px = (self.anchors[level] * stride).to(raw.dtype).view(1, na, 1, 1, 2)
         s = raw.sigmoid()
         xy = (s[..., :2] * 2 - 0.5 + grid) * stride
