@@ -211,7 +211,7 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     from yolov5_smddp.data.labels import build_label_index, scan_workers
 
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
-    data = load_data_config(data_yaml)
+    data = load_data_config(data_yaml, cache_dir=cache_dir)
     workers = scan_workers(os.cpu_count() or 1)
     scan = {
         "nc": data.nc,
@@ -220,8 +220,8 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
         "workers": workers,
         "max_pixels": config.max_image_pixels,
     }
-    train_index = build_label_index(data.train, **scan)
-    val_index = build_label_index(data.val, **scan)
+    train_index = build_label_index(data.train, image_dir=data.image_dirs.get("train"), **scan)
+    val_index = build_label_index(data.val, image_dir=data.image_dirs.get("val"), **scan)
     if config.single_cls:  # the release's --single-cls: one class, named 'item' unless the dataset names it
         for index in (train_index, val_index):
             index.labels[:] = [
