@@ -281,3 +281,55 @@ def test_validation_items_carry_crowds_and_training_items_never_do(tmp_path):
     for k in range(len(index.images)):
         _, targets, _, _, _ = train[k]
         assert (targets[:, 1] >= 0).all() and len(targets) == len(index.labels[k])
+
+
+def test_the_column_wise_parse_equals_the_checked_one():
+    rng = np.random.default_rng(0)
+    images = [{"id": 10 + 2 * i, "file_name": f"{i}.jpg", "width": 100, "height": 80} for i in range(20)]
+    annotations = [
+        {
+            "id": k,
+            "image_id": 10 + 2 * int(rng.integers(0, 20)),
+            "category_id": [1, 18, 90][int(rng.integers(0, 3))],
+            "bbox": rng.uniform(0, 50, 4).round(2).tolist(),
+            "iscrowd": int(rng.random() < 0.2),
+        }
+        for k in range(200)
+    ]
+    clean = parse_coco(_doc(images, annotations), "x.json")  # every annotation well formed: by columns
+    bad = {"id": 999, "image_id": 77, "category_id": 1, "bbox": [1, 1, 2, 2]}
+    checked = parse_coco(_doc(images, [*annotations, bad]), "x.json")  # one by one
+    assert clean.messages == [] and checked.messages == [
+        "x.json: annotation id 999: image_id 77 is not in 'images'"
+    ]
+    for key in ("ann_image", "boxes", "classes", "crowd"):
+        np.testing.assert_array_equal(getattr(clean, key), getattr(checked, key))
+    assert clean.ann_image.dtype == checked.ann_image.dtype and clean.classes.dtype == checked.classes.dtype
+
+
+class _Forgetful(dict):
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def test_one_process_parses_while_the_others_wait_and_load_its_arrays(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    json_path = write_coco_dataset(tmp_path / "data", n_images=3, seed=12)
+    parses = []
+    real = coco._parse_file
+
+    def counted(*args):
+        parses.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(coco, "_parse_file", counted)
+    monkeypatch.setattr(coco, "_MEMO", _Forgetful())  # each "rank" has its own memory: only the lock serves
+
+    def rank(_):
+        return load_coco(json_path, tmp_path / "cache")[1]
+
+    with ThreadPoolExecutor(4) as pool:  # flock is per open file, so threads contend like processes
+        states = list(pool.map(rank, range(4)))
+    assert len(parses) == 1
+    assert sorted(states) == ["built", "loaded", "loaded", "loaded"]
