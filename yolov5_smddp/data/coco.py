@@ -37,8 +37,11 @@ import json
 import logging
 import math
 import os
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -215,14 +218,18 @@ def _clean_annotations(annotations: list, position: dict[int, int], class_of: di
     `_checked_annotations` names each problem."""
     if not annotations:
         return [], np.zeros((0, 4)), [], []
+    m = len(annotations)
     try:
-        image_col = np.array([a["image_id"] for a in annotations])
-        cat_col = np.array([a["category_id"] for a in annotations])
-        boxes = np.array([a["bbox"] for a in annotations], dtype=np.float64)
+        image_col = np.array(list(map(itemgetter("image_id"), annotations)))
+        cat_col = np.array(list(map(itemgetter("category_id"), annotations)))
+        bboxes = list(map(itemgetter("bbox"), annotations))
+        if not (np.fromiter(map(len, bboxes), np.int64, m) == 4).all():
+            return None
+        boxes = np.frombuffer(array("d", chain.from_iterable(bboxes)), np.float64).reshape(m, 4)
         crowd = np.array([bool(a.get("iscrowd", 0)) for a in annotations], dtype=bool)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if image_col.dtype.kind != "i" or cat_col.dtype.kind != "i" or boxes.shape != (len(annotations), 4):
+    if image_col.dtype.kind != "i" or cat_col.dtype.kind != "i":
         return None
     ann_image, image_found = _lookup(image_col.astype(np.int64), position)
     classes, class_found = _lookup(cat_col.astype(np.int64), class_of)
