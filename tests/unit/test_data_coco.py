@@ -181,10 +181,24 @@ def test_cached_in_the_cache_folder_by_content_never_beside_the_json(tmp_path):
     coco._MEMO.clear()
     third = _index(json_path, cache)
     assert third.report.cache == "built" and third.cache_path != first.cache_path
-    assert sorted(p.name.endswith(".cocoindex.npz") for p in cache.iterdir() if p.suffix == ".npz") == [
-        True,
-        True,
-    ]
+    assert len(list(cache.glob("*.cocoindex.npz"))) == 2
+
+
+def test_image_checks_are_cached_and_redone_when_a_file_changes(tmp_path, caplog):
+    root = tmp_path / "data"
+    json_path = write_coco_dataset(root, n_images=4, seed=13)
+    cache = tmp_path / "cache"
+    assert _index(json_path, cache).report.cache == "built"
+    coco._MEMO.clear()
+    assert _index(json_path, cache).report.cache == "loaded"  # JSON parse and image checks from the cache
+    victim = sorted((root / "images").iterdir())[1]
+    victim.write_bytes(victim.read_bytes()[:200])  # truncated since the checks were cached
+    coco._MEMO.clear()
+    watch(root)
+    with caplog.at_level(logging.WARNING):
+        index = _index(json_path, cache)
+    assert index.report.cache == "built" and victim not in index.images and index.report.bad == 1
+    assert any(r.getMessage().startswith(f"skipped: {victim}: ") for r in caplog.records)
 
 
 def test_cached_arrays_load_without_pickle(tmp_path):

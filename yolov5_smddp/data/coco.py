@@ -26,8 +26,9 @@ The parse of a large file (COCO train2017: 118k images, 860k boxes) is the slow 
 cached as plain arrays (NPZ, read with allow_pickle=False) in the cache folder only — never beside the
 JSON — named by a hash of the JSON's bytes, so an edited file gets a new entry and a moved one finds its
 old entry. One process per host parses: the others wait on a lock file in the cache folder and then load
-the arrays (tens of MB instead of a JSON parse of gigabytes). The image checks run per job, threaded,
-like the label scan's.
+the arrays (tens of MB instead of a JSON parse of gigabytes). The image checks (the label scan's) are
+cached the same way, keyed by the JSON, the image paths and every image file's size; a job with a valid
+entry only stats the images.
 """
 
 from __future__ import annotations
@@ -501,15 +502,61 @@ def resolve_image(file_name: str, base: Path) -> str:
     return os.path.normpath(os.path.join(base, file_name))
 
 
-def _check_image(args: tuple[str, int]) -> tuple[tuple[int, int], str]:
-    path, max_pixels = args
-    if not os.path.isfile(path):
+def _check_image(args: tuple[str, int, int]) -> tuple[tuple[int, int], str]:
+    path, size, max_pixels = args
+    if size < 0:
         return (0, 0), "image file not found"
     try:
         shape, _ = read_image_info(path, max_pixels)
     except ImageProblem as exc:
         return (0, 0), str(exc)
     return shape, ""
+
+
+def _file_size(path: str) -> int:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1
+    return st.st_size if os.path.isfile(path) else -1
+
+
+def _checked_images(
+    paths: list[str], base: Path, digest: str, cache_dir: Path, workers: int, max_pixels: int
+) -> tuple[list[tuple[tuple[int, int], str]], str]:
+    """Each image's ((h, w), problem or '') from the label scan's checks, and 'loaded' or 'built'.
+
+    Like the label cache, the results are cached in `cache_dir` (plain arrays) under a name keyed by the
+    JSON's digest, the paths relative to `base`, every file's size and the pixel limit; only the sizes
+    are read (stat) when it is valid.
+    """
+    with ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1))) as pool:
+        sizes = list(pool.map(_file_size, paths, chunksize=256))
+        h = hashlib.blake2b(digest_size=8)
+        h.update(f"v{COCO_CACHE_VERSION} {digest} max_pixels={max_pixels}\n".encode())
+        h.update("\n".join(os.path.relpath(p, base) for p in paths).encode())
+        h.update(np.array(sizes, dtype="<i8").tobytes())
+        target = Path(cache_dir) / f"yolov5-smddp-cocoimages-{h.hexdigest()}.npz"
+        try:
+            with np.load(target, allow_pickle=False) as npz:
+                shapes, reasons = npz["shapes"], npz["reasons"].tolist()
+            if len(reasons) == len(paths):
+                return [((int(a), int(b)), r) for (a, b), r in zip(shapes.tolist(), reasons)], "loaded"
+        except (OSError, ValueError, KeyError):
+            pass
+        args = [(p, size, max_pixels) for p, size in zip(paths, sizes)]
+        checked = list(pool.map(_check_image, args, chunksize=64))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(target) as f:
+            np.savez(
+                f,
+                shapes=np.array([shape for shape, _ in checked], dtype=np.int32).reshape(-1, 2),
+                reasons=np.array([reason for _, reason in checked], dtype=str),
+            )
+    except OSError as exc:
+        log.warning("COCO image check cache %s not written: %s", target, exc.strerror or exc)
+    return checked, "built"
 
 
 def build_coco_index(
@@ -544,8 +591,11 @@ def build_coco_index(
         else:
             seen[path] = i
     todo = [i for i in range(n) if not reasons[i]]
-    with ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1))) as pool:
-        checked = list(pool.map(_check_image, [(paths[i], max_pixels) for i in todo], chunksize=64))
+    checked, checks_state = _checked_images(
+        [paths[i] for i in todo], base, table.digest, cache_dir, workers, max_pixels
+    )
+    if checks_state != "loaded" and cache_state == "loaded":
+        cache_state = "built"
     shapes = np.zeros((n, 2), dtype=np.int64)
     for i, (shape, reason) in zip(todo, checked):
         shapes[i] = shape
