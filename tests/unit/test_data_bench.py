@@ -49,6 +49,7 @@ def test_bench_data_tiny_run(tmp_path, capsys):
     ):
         assert results[key] > 0
     assert (results["coco_images"], results["coco_boxes"]) == (50, 300)
-    for key in ("coco_index_build_s", "coco_index_build_peak_rss_mb", "coco_index_cache_load_s"):
+    assert results["coco_4ranks_parses"] == 1  # one host's ranks: one parses, the others load
+    for key in ("coco_index_build_s", "coco_index_warm_peak_rss_mb", "coco_index_cache_load_s"):
         assert results[key] > 0
     assert "label_scan_pairs_per_s" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """The COCO-sized index measurement of `bench data`: a generated instances JSON of train2017's size
 (118,287 images, 860,001 boxes, each with a 16-point polygon so the file is JSON-heavy like the real
 one), then in fresh processes (so peak memory is the job's alone): a cold build (hash + parse + the
-cached arrays written) and a warm load (hash + the arrays read), each with its wall time and peak RSS.
+cached arrays written) and a warm load (hash + the arrays read), each with its wall time and peak RSS,
+and `ranks` processes starting together on an empty cache as one host's ranks do (one parses).
 No image files are written: the index's JSON side is what is measured (image checks are per file,
 as in the label scan)."""
 
@@ -78,19 +79,25 @@ def _peak_rss_mb() -> float:
 
 def _child(json_path: str, cache_dir: str) -> None:
     """One measurement in this (fresh) process; prints a JSON line."""
-    import numpy  # noqa: F401 - the baseline includes numpy, as in a job
+    import numpy  # the baseline includes numpy, as in a job
 
-    from yolov5_smddp.data.coco import load_coco
+    from yolov5_smddp.data.coco import load_coco, split_annotations
 
     base = _peak_rss_mb()
     start = time.perf_counter()
     table, state = load_coco(Path(json_path), Path(cache_dir))
     seconds = time.perf_counter() - start
+    start = time.perf_counter()  # the per-job conversion into per-image label arrays (image checks aside)
+    usable = numpy.ones(len(table.image_ids), dtype=bool)
+    split = split_annotations(table, usable, table.widths, table.heights)
+    split_seconds = time.perf_counter() - start
     print(
         json.dumps(
             {
                 "state": state,
                 "seconds": seconds,
+                "split_seconds": split_seconds,
+                "training_boxes": sum(len(lab) for lab in split.labels),
                 "peak_rss_mb": _peak_rss_mb(),
                 "baseline_rss_mb": base,
                 "images": len(table.image_ids),
@@ -113,8 +120,21 @@ def _measure(json_path: Path, cache_dir: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def measure_ranks(json_path: Path, cache_dir: Path, ranks: int) -> list[dict]:
+    """`ranks` fresh processes loading the same JSON at once into an empty `cache_dir`, as the ranks of
+    one host do: each one's state ('built' = it parsed), seconds and peak RSS."""
+    code = "import sys; from yolov5_smddp.bench.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(json_path), str(cache_dir)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(ranks)
+    ]
+    return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+
 def measure_coco_index(
-    workdir: Path, n_images: int = TRAIN2017_IMAGES, n_boxes: int = TRAIN2017_BOXES
+    workdir: Path, n_images: int = TRAIN2017_IMAGES, n_boxes: int = TRAIN2017_BOXES, ranks: int = 4
 ) -> dict:
     """Generate, then cold build and warm load in fresh processes; the `bench data` rows."""
     json_path = workdir / "instances_bench.json"
@@ -125,6 +145,7 @@ def measure_coco_index(
     cold = _measure(json_path, cache_dir)
     warm = _measure(json_path, cache_dir)
     (npz,) = cache_dir.glob("*.cocoindex.npz")
+    together = measure_ranks(json_path, workdir / "coco-cache-ranks", ranks) if ranks > 1 else []
     return {
         "coco_images": cold["images"],
         "coco_boxes": cold["boxes"],
@@ -134,6 +155,16 @@ def measure_coco_index(
         "coco_index_build_peak_rss_mb": cold["peak_rss_mb"],
         "coco_index_cache_mb": npz.stat().st_size / 2**20,
         "coco_index_cache_load_s": warm["seconds"],
-        "coco_index_cache_load_peak_rss_mb": warm["peak_rss_mb"],
+        "coco_index_warm_peak_rss_mb": warm["peak_rss_mb"],  # load + per-image arrays
+        "coco_index_to_label_arrays_s": warm["split_seconds"],
         "coco_process_baseline_rss_mb": cold["baseline_rss_mb"],
+        **(
+            {
+                f"coco_{ranks}ranks_parses": sum(r["state"] == "built" for r in together),
+                f"coco_{ranks}ranks_peak_rss_mb_sum": sum(r["peak_rss_mb"] for r in together),
+                f"coco_{ranks}ranks_wall_s_max": max(r["seconds"] for r in together),
+            }
+            if together
+            else {}
+        ),
     }

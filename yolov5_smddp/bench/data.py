@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="COCO JSON index row: images of the generated instances file (train2017's size; 0 skips the row)",
     )
     parser.add_argument("--coco-boxes", type=int, default=860_001, help="COCO JSON index row: boxes")
+    parser.add_argument(
+        "--coco-ranks", type=int, default=4, help="COCO JSON index row: processes loading it at once"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
 
 
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         if args.coco_images > 0:
             from yolov5_smddp.bench.coco_index import measure_coco_index
 
-            rows.update(measure_coco_index(workdir, args.coco_images, args.coco_boxes))
+            rows.update(measure_coco_index(workdir, args.coco_images, args.coco_boxes, args.coco_ranks))
 
     results = {
         "data": str(args.data),
