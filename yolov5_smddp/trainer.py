@@ -227,6 +227,8 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
             index.labels[:] = [
                 np.concatenate((np.zeros_like(lab[:, :1]), lab[:, 1:]), 1) for lab in index.labels
             ]
+            if index.crowd is not None:  # COCO crowd regions: class 0 too
+                index.crowd[:] = [np.concatenate((np.zeros_like(c[:, :1]), c[:, 1:]), 1) for c in index.crowd]
         return DataBundle(list(data.names) if data.nc == 1 else ["item"], 1, train_index, val_index)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 

@@ -347,3 +347,36 @@ def test_one_process_parses_while_the_others_wait_and_load_its_arrays(tmp_path, 
         states = list(pool.map(rank, range(4)))
     assert len(parses) == 1
     assert sorted(states) == ["built", "loaded", "loaded", "loaded"]
+
+
+@pytest.mark.parametrize("single_cls", [False, True])
+def test_training_reads_a_coco_data_yaml(tmp_path, single_cls):
+    from yolov5_smddp.config import TrainConfig
+    from yolov5_smddp.trainer import scan_data
+
+    root = tmp_path / "data"
+    write_coco_dataset(
+        root, n_images=5, seed=14, image_folder="imgs", json_name="ann/train.json", relative_to_json=False
+    )
+    write_coco_dataset(
+        root,
+        n_images=4,
+        seed=15,
+        image_folder="vimgs",
+        json_name="ann/val.json",
+        relative_to_json=False,
+        crowd_every=2,
+    )
+    (root / "data.yaml").write_text(
+        yaml.safe_dump(
+            {"train": "ann/train.json", "train_images": "imgs", "val": "ann/val.json", "val_images": "vimgs"}
+        )
+    )
+    watch(root)
+    bundle = scan_data(TrainConfig(data=str(root / "data.yaml"), single_cls=single_cls), tmp_path / "cache")
+    assert len(bundle.train_index.images) == 5 and len(bundle.val_index.images) == 4
+    assert bundle.nc == (1 if single_cls else 3)
+    crowd = np.concatenate(bundle.val_index.crowd)
+    assert len(crowd) and set(crowd[:, 0].tolist()) <= set(range(bundle.nc))
+    if single_cls:
+        assert set(crowd[:, 0].tolist()) == {0.0}
