@@ -127,6 +127,7 @@ def test_map_with_crowds_and_non_contiguous_ids_equals_cocoeval(seed):
     coco_gt.createIndex()
     coco_map, coco_map50 = _cocoeval_maps(coco_gt, dt_json, 1000)
     ours = acc.compute()
+    print(f"seed {seed}: ours {ours.map50_95:.6f} {ours.map50:.6f}; COCOeval {coco_map:.6f} {coco_map50:.6f}")
     assert ours.map50 == pytest.approx(coco_map50, abs=0.002)
     assert ours.map50_95 == pytest.approx(coco_map, abs=0.002)
     # the crowds matter here: scored without them, the numbers are clearly lower
@@ -175,8 +176,8 @@ def test_val_on_a_coco_json_prints_cocoevals_map(tmp_path, oracle, seed):
     assert {p["category_id"] for p in predictions} == {3, 7, 90}
     # COCOeval on the user's own JSON and our predictions.json, unchanged
     coco_map, coco_map50 = _cocoeval_maps(COCO(str(json_path)), predictions, 300)
-    print(f"seed {seed}: ours mAP50-95 {ours['mAP50-95']:.4f} mAP50 {ours['mAP50']:.4f}; "
-          f"COCOeval {coco_map:.4f} {coco_map50:.4f}")  # fmt: skip
+    print(f"seed {seed}: ours mAP50-95 {ours['mAP50-95']:.6f} mAP50 {ours['mAP50']:.6f}; "
+          f"COCOeval {coco_map:.6f} {coco_map50:.6f}")  # fmt: skip
     assert coco_map50 > 0.5  # the oracle finds most boxes: the comparison is not between zeros
     assert ours["mAP50-95"] == pytest.approx(coco_map, abs=0.002)
     assert ours["mAP50"] == pytest.approx(coco_map50, abs=0.002)
