@@ -156,16 +156,28 @@ def oracle(monkeypatch):
     coco._MEMO.clear()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_val_on_a_coco_json_prints_cocoevals_map(tmp_path, oracle, seed):
+@pytest.mark.parametrize(("seed", "form"), [(0, "json"), (1, "json"), (2, "yaml")])
+def test_val_on_a_coco_json_prints_cocoevals_map(tmp_path, oracle, seed, form):
+    """`--data` the JSON itself, or a data.yaml whose `val` is the JSON with its images elsewhere."""
     from yolov5_smddp.cli import main
 
     root = tmp_path / "data"
-    json_path = write_coco_dataset(root, n_images=24, seed=seed, crowd_every=3, backgrounds=2)
+    if form == "json":
+        json_path = write_coco_dataset(root, n_images=24, seed=seed, crowd_every=3, backgrounds=2)
+        data = json_path
+    else:
+        json_path = write_coco_dataset(
+            root, n_images=24, seed=seed, crowd_every=3, backgrounds=2, image_folder="val2017",
+            json_name="annotations/instances_val.json", relative_to_json=False,
+        )  # fmt: skip
+        data = root / "data.yaml"
+        data.write_text(
+            "val: annotations/instances_val.json\nval_images: val2017\ntrain: annotations/instances_val.json\ntrain_images: val2017\n"
+        )
     watch(root)
     out = tmp_path / "val"
     summary = tmp_path / "metrics.json"
-    argv = ["val", "--weights", "unused.pt", "--data", str(json_path), "--imgsz", "128", "--batch-size", "4"]
+    argv = ["val", "--weights", "unused.pt", "--data", str(data), "--imgsz", "128", "--batch-size", "4"]
     argv += ["--workers", "1", "--cache-dir", str(tmp_path / "cache"), "--device", "cpu"]
     argv += ["--save-json", "--output-dir", str(out), "--metrics-json", str(summary)]
     assert main(argv) == 0

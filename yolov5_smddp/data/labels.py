@@ -9,6 +9,9 @@ reported once with its file and reason and the pair is skipped; duplicate rows a
 polygon rows become their enclosing box, missing or empty label files make background images (counted).
 An image whose header claims more than `max_pixels` pixels is skipped before anything decodes it.
 
+A split that is one COCO instances `.json` is indexed by `data.coco` instead (same LabelIndex, plus
+crowd regions and the JSON's ids).
+
 Nothing is ever written under a dataset: our cache file (see `cache`) goes to `cache_dir` only (default
 `cache.default_cache_dir`), named by the sources and the content, so it survives relocation.
 """
