@@ -380,3 +380,18 @@ def test_training_reads_a_coco_data_yaml(tmp_path, single_cls):
     assert len(crowd) and set(crowd[:, 0].tolist()) <= set(range(bundle.nc))
     if single_cls:
         assert set(crowd[:, 0].tolist()) == {0.0}
+
+
+def test_a_broken_json_and_a_misplaced_images_key_are_data_errors_naming_them(tmp_path):
+    root = tmp_path / "data"
+    (root / "images").mkdir(parents=True)
+    broken = root / "broken.json"
+    broken.write_text('{"images": [')
+    with pytest.raises(DataError, match=f"{broken}: cannot be read as JSON"):
+        load_data_config(broken, cache_dir=tmp_path / "cache")
+    (root / "data.yaml").write_text("train: images\nval: images\ntrain_images: images\nnames: [a]\n")
+    with pytest.raises(
+        DataError, match="key 'train_images' is only for a 'train' that is one COCO .json file"
+    ):
+        load_data_config(root / "data.yaml", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.npz"))
