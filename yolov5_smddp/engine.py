@@ -426,7 +426,8 @@ def evaluate(
             dets = torch.cat(
                 [scale_boxes(dets[:, :4], (height, width), original_hw, ratio_pad), dets[:, 4:]], 1
             )
-            acc.update(dets, gt_boxes, mine[:, 1])
+            crowd = mine[:, 1] < 0  # COCO crowd regions, class -1 - cls (data.dataset)
+            acc.update(dets, gt_boxes[~crowd], mine[~crowd, 1], gt_boxes[crowd], -1 - mine[crowd, 1])
             if on_image is not None:
                 on_image(paths[i], dets)
     model.train(was_training)

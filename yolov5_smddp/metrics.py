@@ -61,6 +61,35 @@ def match_predictions(
     return torch.from_numpy(correct)
 
 
+def crowd_ignored(
+    pred_boxes: torch.Tensor,
+    pred_cls: torch.Tensor,
+    correct: torch.Tensor,
+    crowd_boxes: torch.Tensor,
+    crowd_cls: torch.Tensor,
+    iou_thresholds: torch.Tensor = IOU_THRESHOLDS,
+) -> torch.Tensor:
+    """Which predictions pycocotools ignores at each IoU threshold because of crowd regions.
+
+    COCOeval matches a detection to a crowd region (`iscrowd: 1`) only when no ordinary ground truth is
+    left for it at that threshold, using intersection / detection area as the overlap, and a crowd
+    region may absorb any number of detections. Such detections count as neither true nor false
+    positives. correct (BoolTensor[N, T]) from `match_predictions`; crowd_boxes [K, 4] xyxy, crowd_cls
+    [K]. Returns ignored (BoolTensor[N, T]).
+    """
+    n, t = pred_boxes.shape[0], iou_thresholds.numel()
+    if n == 0 or crowd_boxes.shape[0] == 0:
+        return torch.zeros((n, t), dtype=torch.bool)
+    p, c = pred_boxes.float().cpu(), crowd_boxes.float().cpu()
+    wh = (torch.min(p[:, None, 2:], c[None, :, 2:]) - torch.max(p[:, None, :2], c[None, :, :2])).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]  # [N, K]
+    area = ((p[:, 2] - p[:, 0]) * (p[:, 3] - p[:, 1]))[:, None]
+    ioa = torch.where(area > 0, inter / area.clamp(min=1e-12), torch.zeros_like(inter))
+    ioa = ioa * (pred_cls.cpu().view(-1, 1) == crowd_cls.cpu().view(1, -1))
+    best = ioa.max(1).values  # [N]
+    return (best[:, None] >= iou_thresholds.cpu()[None, :]) & ~correct.cpu()
+
+
 def _interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
     """COCO's 101-point AP from cumulative recall/precision [K] in descending-confidence order."""
     envelope = np.maximum.accumulate(precision[::-1])[::-1]
@@ -168,15 +197,19 @@ def ap_per_class(
     pred_cls: np.ndarray,
     target_cls: np.ndarray,
     target_first: np.ndarray | None = None,
+    ignored: np.ndarray | None = None,
 ) -> DetectionMetrics:
     """AP per class and IoU threshold, and P/R at the best mean-F1 confidence (overall and per class).
 
     correct (bool[N, T]) from match_predictions over all images; conf [N]; pred_cls [N]; target_cls [M]
     (one entry per ground-truth box); target_first (bool[M], optional) marks each box that is the first
-    of its class in its image, so that the per-class image counts are sums of it (none without it).
+    of its class in its image, so that the per-class image counts are sums of it (none without it);
+    ignored (bool[N, T], optional) from `crowd_ignored`: those predictions count neither as true nor as
+    false positives at that threshold.
     """
     order = np.argsort(-conf, kind="mergesort")
     correct, conf, pred_cls = correct[order], conf[order], pred_cls[order]
+    counted = np.ones_like(correct, dtype=bool) if ignored is None else ~ignored[order]
     classes, gt_counts = np.unique(target_cls.astype(np.int64), return_counts=True)
     t = correct.shape[1] if correct.ndim == 2 else IOU_THRESHOLDS.numel()
     ap = np.zeros((len(classes), t))
@@ -187,10 +220,10 @@ def ap_per_class(
         mine = pred_cls.astype(np.int64) == c
         if not mine.any():
             continue
-        tp = np.cumsum(correct[mine], axis=0)
-        fp = np.cumsum(~correct[mine], axis=0)
+        tp = np.cumsum(correct[mine] & counted[mine], axis=0)
+        fp = np.cumsum(~correct[mine] & counted[mine], axis=0)
         recall = tp / n_gt
-        precision = tp / (tp + fp)
+        precision = tp / np.maximum(tp + fp, 1)  # 0 before the first counted prediction, as COCOeval
         for k in range(t):
             ap[ci, k] = _interpolated_ap(recall[:, k], precision[:, k])
         # curves vs confidence at IoU 0.5 (np.interp needs increasing x: use -conf)
@@ -238,10 +271,19 @@ class MetricAccumulator:
         self._pred_cls: list[np.ndarray] = []
         self._target_cls: list[np.ndarray] = []
         self._target_first: list[np.ndarray] = []
+        self._ignored: list[np.ndarray] = []
         self.num_images = 0
 
-    def update(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor) -> None:
-        """detections (Tensor[n, 6]) rows (x1, y1, x2, y2, conf, cls); gt_boxes [m, 4] xyxy; gt_cls [m]."""
+    def update(
+        self,
+        detections: torch.Tensor,
+        gt_boxes: torch.Tensor,
+        gt_cls: torch.Tensor,
+        crowd_boxes: torch.Tensor | None = None,
+        crowd_cls: torch.Tensor | None = None,
+    ) -> None:
+        """detections (Tensor[n, 6]) rows (x1, y1, x2, y2, conf, cls); gt_boxes [m, 4] xyxy; gt_cls [m];
+        crowd regions (COCO `iscrowd: 1`) crowd_boxes [k, 4] xyxy, crowd_cls [k] (see `crowd_ignored`)."""
         detections = detections.detach().float().cpu()
         correct = match_predictions(
             detections[:, :4],
@@ -252,6 +294,13 @@ class MetricAccumulator:
             self.iou_thresholds,
         )
         self._correct.append(correct.numpy())
+        if crowd_boxes is not None and crowd_cls is not None:
+            ignored = crowd_ignored(
+                detections[:, :4], detections[:, 5], correct, crowd_boxes, crowd_cls, self.iou_thresholds
+            )
+        else:
+            ignored = torch.zeros_like(correct)
+        self._ignored.append(ignored.numpy())
         self._conf.append(detections[:, 4].numpy())
         self._pred_cls.append(detections[:, 5].numpy())
         self._target_cls.append(gt_cls.cpu().numpy())
@@ -267,6 +316,7 @@ class MetricAccumulator:
             "pred_cls": np.concatenate(self._pred_cls) if self._pred_cls else np.zeros(0),
             "target_cls": np.concatenate(self._target_cls) if self._target_cls else np.zeros(0),
             "target_first": np.concatenate(self._target_first) if self._target_first else np.zeros(0, bool),
+            "ignored": np.concatenate(self._ignored) if self._ignored else np.zeros((0, t), bool),
         }
 
     def compute(self) -> DetectionMetrics:
@@ -274,10 +324,14 @@ class MetricAccumulator:
 
 
 def pack_state(state: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A MetricAccumulator state as two float32 tensors for gathering: predictions [N, T + 2] (the T
-    true-positive flags as 0/1, conf, pred cls) and targets [M, 2] (target cls, first-of-its-class-in-
-    its-image flag as 0/1). Exact: conf is float32 already, classes and flags are small integers."""
-    correct = torch.from_numpy(np.ascontiguousarray(state["correct"], dtype=np.float32))
+    """A MetricAccumulator state as two float32 tensors for gathering: predictions [N, T + 2] (per
+    threshold 0 false positive, 1 true positive, 2 ignored (crowd); conf; pred cls) and targets [M, 2]
+    (target cls, first-of-its-class-in-its-image flag as 0/1). Exact: conf is float32 already, classes and
+    flags are small integers."""
+    flags = np.asarray(state["correct"], dtype=np.float32)
+    if "ignored" in state:
+        flags = np.where(state["ignored"], 2.0, flags).astype(np.float32)
+    correct = torch.from_numpy(np.ascontiguousarray(flags))
     conf = torch.from_numpy(np.asarray(state["conf"], dtype=np.float32)).view(-1, 1)
     pred_cls = torch.from_numpy(np.asarray(state["pred_cls"], dtype=np.float32)).view(-1, 1)
     target_cls = torch.from_numpy(np.asarray(state["target_cls"], dtype=np.float32)).view(-1, 1)
@@ -290,7 +344,8 @@ def unpack_states(predictions: list[torch.Tensor], targets: list[torch.Tensor]) 
     rows = torch.cat(predictions).numpy() if predictions else np.zeros((0, IOU_THRESHOLDS.numel() + 2))
     target_rows = torch.cat(targets).numpy().reshape(-1, 2) if targets else np.zeros((0, 2), np.float32)
     return {
-        "correct": rows[:, :-2] > 0.5,
+        "correct": (rows[:, :-2] > 0.5) & (rows[:, :-2] < 1.5),
+        "ignored": rows[:, :-2] > 1.5,
         "conf": rows[:, -2].astype(np.float32),
         "pred_cls": rows[:, -1].astype(np.float32),
         "target_cls": target_rows[:, 0].astype(np.float32),
@@ -301,7 +356,12 @@ def unpack_states(predictions: list[torch.Tensor], targets: list[torch.Tensor]) 
 def metrics_from_state(state: dict[str, np.ndarray], num_images: int) -> DetectionMetrics:
     """DetectionMetrics of a (gathered) MetricAccumulator state over `num_images` images."""
     result = ap_per_class(
-        state["correct"], state["conf"], state["pred_cls"], state["target_cls"], state.get("target_first")
+        state["correct"],
+        state["conf"],
+        state["pred_cls"],
+        state["target_cls"],
+        state.get("target_first"),
+        state.get("ignored"),
     )
     result.num_images = num_images
     return result

@@ -219,7 +219,7 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     from yolov5_smddp.data.labels import build_label_index, scan_workers
 
     data_yaml = Path(config.data) if config.data else default_dataset(cache_dir)
-    data = load_data_config(data_yaml)
+    data = load_data_config(data_yaml, cache_dir=cache_dir)
     workers = scan_workers(os.cpu_count() or 1)
     scan = {
         "nc": data.nc,
@@ -228,13 +228,15 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
         "workers": workers,
         "max_pixels": config.max_image_pixels,
     }
-    train_index = build_label_index(data.train, **scan)
-    val_index = build_label_index(data.val, **scan)
+    train_index = build_label_index(data.train, image_dir=data.image_dirs.get("train"), **scan)
+    val_index = build_label_index(data.val, image_dir=data.image_dirs.get("val"), **scan)
     if config.single_cls:  # the release's --single-cls: one class, named 'item' unless the dataset names it
         for index in (train_index, val_index):
             index.labels[:] = [
                 np.concatenate((np.zeros_like(lab[:, :1]), lab[:, 1:]), 1) for lab in index.labels
             ]
+            if index.crowd is not None:  # COCO crowd regions: class 0 too
+                index.crowd[:] = [np.concatenate((np.zeros_like(c[:, :1]), c[:, 1:]), 1) for c in index.crowd]
         return DataBundle(list(data.names) if data.nc == 1 else ["item"], 1, train_index, val_index)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
 

@@ -4,8 +4,8 @@
 each host, starts one container per host with docker compose, and packs /opt/ml/model into model.tar.gz under
 the file:// output path: the contract SageMaker uses. One run per SDK configuration of issue 16 (1 host; 2 hosts
 with our launcher; 2 hosts with the SMDDP distribution = the toolkit's mpirun over ssh; 2 hosts with
-torch_distributed = the toolkit's torchrun) and one with a `training` channel holding a release-format
-labels.cache. No AWS: fake credentials, a region, telemetry opted out (the SDK's TelemetryOptOut default).
+torch_distributed = the toolkit's torchrun), one with a `training` channel holding a release-format
+labels.cache and one whose `training` channel is images + a COCO JSON. No AWS: fake credentials, a region, telemetry opted out (the SDK's TelemetryOptOut default).
 
 Not tested here, because local mode cannot do it: a spot-style restart. The SDK refuses checkpoint_s3_uri and
 checkpoint_local_path in local mode ("not supported in local mode"), mounts no /opt/ml/checkpoints, has no
@@ -231,3 +231,29 @@ def test_sdk_v2_local_mode_with_a_training_channel_and_a_release_cache(
     assert "labels/train.cache: release-format label cache ignored (it is a pickle, never loaded)" in log
     assert {p.relative_to(dataset): p.stat().st_mtime_ns for p in dataset.rglob("*")} == before
     assert (dataset / "labels" / "train.cache").read_bytes() == cache
+
+
+def test_sdk_v2_local_mode_with_a_coco_json_training_channel(client, image, engine, tmp_path, capsys, no_aws):
+    """The `training` channel is images + one COCO instances JSON, no data.yaml: the job reads the JSON
+    as it is (train and val) and writes nothing into the channel."""
+    from tests.docker.engine import bind
+    from tests.docker.test_coco import MAKE_COCO
+
+    data = tmp_path / "coco"
+    data.mkdir()
+    made = engine.run(
+        image,
+        ["-c", MAKE_COCO],
+        entrypoint="python3",
+        mounts=[bind(data, "/d"), bind(REPO / "tests" / "support", "/support", read_only=True)],
+    )
+    assert made.code == 0, made.log[-4000:]
+    channel = data / "train"
+    before = {p.relative_to(channel): p.stat().st_mtime_ns for p in channel.rglob("*")}
+    log, members, best, _ = _sdk_fit(
+        client, image, tmp_path, capsys, instance_count=1, inputs={"training": f"file://{channel}"}
+    )
+    _assert_trained(log, members, best, 1)
+    assert "reading its COCO JSON instances.json" in log, log[-6000:]
+    assert "dataset check train (/opt/ml/input/data/training/instances.json): 16 images, 16 usable" in log
+    assert {p.relative_to(channel): p.stat().st_mtime_ns for p in channel.rglob("*")} == before

@@ -29,6 +29,10 @@ def test_bench_data_tiny_run(tmp_path, capsys):
             "2",
             "--scan-images",
             "12",
+            "--coco-images",
+            "50",
+            "--coco-boxes",
+            "300",
             "--json",
             str(out),
         ]
@@ -43,5 +47,9 @@ def test_bench_data_tiny_run(tmp_path, capsys):
         "mosaic_samples_per_s_1proc_random",
         "mosaic_samples_per_s_0workers",
     ):
+        assert results[key] > 0
+    assert (results["coco_images"], results["coco_boxes"]) == (50, 300)
+    assert results["coco_4ranks_parses"] == 1  # one host's ranks: one parses, the others load
+    for key in ("coco_index_build_s", "coco_index_warm_peak_rss_mb", "coco_index_cache_load_s"):
         assert results[key] > 0
     assert "label_scan_pairs_per_s" in capsys.readouterr().out

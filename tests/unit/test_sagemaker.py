@@ -322,3 +322,27 @@ def test_under_the_toolkits_mpirun_each_rank_names_its_own_host(
         "algo-1",
         7777,
     )
+
+
+def test_a_channel_of_images_and_one_coco_json_needs_no_data_yaml(tmp_path):
+    from cocotree import write_coco_dataset
+
+    from yolov5_smddp.data.config import load_data_config
+    from yolov5_smddp.sagemaker.dataset import check_dataset
+
+    base = _fake_opt_ml(
+        tmp_path / "ml", hosts=("algo-1",), current="algo-1", channels=("training", "validation")
+    )
+    train = base / "input" / "data" / "training"
+    val = base / "input" / "data" / "validation"
+    write_coco_dataset(train, n_images=4, seed=1, image_folder="pics", relative_to_json=True)
+    write_coco_dataset(val, n_images=3, seed=2, json_name="val.json")
+    env = read_environment(
+        {"SAGEMAKER_BASE_DIR": str(base), "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY": str(tmp_path / "w")}
+    )
+    out = prepare_data_yaml(env, None)
+    config = load_data_config(out, cache_dir=env.cache_dir)
+    assert config.train == [(train / "instances.json").resolve()] and config.val == [val / "val.json"]
+    assert config.names == ["three", "seven", "ninety"]
+    check_dataset(out, env, cache_dir=env.cache_dir, max_pixels=2**27)  # both JSONs index
+    assert sorted(p.name for p in env.cache_dir.glob("*.cocoindex.npz")) and not list(train.glob("*.npz"))

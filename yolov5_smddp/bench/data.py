@@ -8,7 +8,9 @@ share the machine's load; shared machines are noisy, compare within one run. A p
 is measured too: a pipeline decoding four images per sample cannot exceed a quarter of it. These three
 take turns in short rounds (`--rounds`) so load changes hit them alike; overall and best-round rates
 are reported. The scan row
-deletes and rebuilds our label cache (a cold build is what it measures).
+deletes and rebuilds our label cache (a cold build is what it measures). The `coco_*` rows time the index
+of a generated COCO instances JSON of train2017's size (`bench.coco_index`): a cold build (hash, parse,
+cached arrays written) and a warm load, each in a fresh process with its peak RSS.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (load-noise control)")
     parser.add_argument("--batch-size", type=int, default=16, help="loader batch size (workers row)")
     parser.add_argument("--scan-images", type=int, default=2000, help="synthetic dataset size")
+    parser.add_argument(
+        "--coco-images",
+        type=int,
+        default=118_287,
+        help="COCO JSON index row: images of the generated instances file (train2017's size; 0 skips the row)",
+    )
+    parser.add_argument("--coco-boxes", type=int, default=860_001, help="COCO JSON index row: boxes")
+    parser.add_argument(
+        "--coco-ranks", type=int, default=4, help="COCO JSON index row: processes loading it at once"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
 
 
@@ -162,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
         rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
             ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
         )
+        if args.coco_images > 0:
+            from yolov5_smddp.bench.coco_index import measure_coco_index
+
+            rows.update(measure_coco_index(workdir, args.coco_images, args.coco_boxes, args.coco_ranks))
 
     results = {
         "data": str(args.data),

@@ -97,7 +97,12 @@ def pipeline_batches(
 
     config = load_data_config(yaml_path)
     index = build_label_index(
-        config.train, nc=config.nc, root=config.root, cache_dir=cache_dir, workers=max(workers, 1)
+        config.train,
+        nc=config.nc,
+        root=config.root,
+        cache_dir=cache_dir,
+        workers=max(workers, 1),
+        image_dir=config.image_dirs.get("train"),
     )
     dataset = YoloDataset(
         index, imgsz, augment=True, hyp=hyp, batch_size=batch, color_on_device=color_on_device

@@ -38,7 +38,13 @@ def run(args: argparse.Namespace) -> int:
     counts = [int(w) for w in str(args.workers).split(",") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
         cfg = load_data_config(resolve_data(args.data, args.scan_images, Path(tmp)))
-        index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=Path(tmp) / "cache")
+        index = build_label_index(
+            cfg.train,
+            nc=cfg.nc,
+            root=cfg.root,
+            cache_dir=Path(tmp) / "cache",
+            image_dir=cfg.image_dirs.get("train"),
+        )
         rates = {}
         for workers in counts:
             dataset = YoloDataset(index, args.imgsz, augment=True, hyp={})

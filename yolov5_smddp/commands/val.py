@@ -5,6 +5,9 @@ Prints one metric line (precision, recall, mAP50, mAP50-95) and the results tabl
 instances, P, R, mAP50, mAP50-95); --metrics-json holds the per-class values too ("per_class"). With --save-json it also writes the
 detections (`predictions.json`) and the ground truth (`ground_truth.json`) in COCO format, in original
 image pixels, and scores them with pycocotools when it is installed (maxDets 300 to match our max_det).
+On a COCO JSON split (`--data` a data.yaml pointing at one, or the JSON itself) the detections carry the
+JSON's own `image_id`s and `category_id`s, so `COCOeval` runs on `predictions.json` against that JSON
+unchanged; `ground_truth.json` is then the JSON's scored images and boxes (crowd regions included).
 
 Images the label scan rejects (bad image or label files, over --max-image-pixels) and images that fail
 to decode during validation are left out and named ("skipped: <path>: <why>"); the metric line says how
@@ -32,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", required=True, help="weights file (ours or the release's .pt)")
-    parser.add_argument("--data", required=True, help="data.yaml")
+    parser.add_argument("--data", required=True, help="data.yaml, or a COCO instances JSON")
     parser.add_argument(
         "--split", default="val", choices=("val", "test", "train"), help="which split to score"
     )
@@ -118,6 +121,37 @@ def _coco_ground_truth(index, scored: set[str]) -> dict:
     return {"images": images, "annotations": annotations}
 
 
+def _coco_json_ground_truth(index, scored: set[str], names: list[str]) -> dict:
+    """COCO ground truth of the `scored` images of an index read from a COCO JSON, in the JSON's own
+    image and category ids; crowd regions are written with `iscrowd: 1`."""
+    meta = index.coco
+    images, annotations = [], []
+    crowds = index.crowd or [None] * len(index.images)
+    for path, (h, w), labels, crowd, image_id in zip(
+        index.images, index.shapes, index.labels, crowds, meta.image_ids.tolist()
+    ):
+        if str(path) not in scored:
+            continue
+        images.append({"id": image_id, "file_name": str(path), "height": int(h), "width": int(w)})
+        rows = [(row, 0) for row in labels.tolist()] + [
+            (row, 1) for row in (crowd if crowd is not None else [])
+        ]
+        for (cls, xc, yc, bw, bh), iscrowd in rows:
+            box = [(xc - bw / 2) * w, (yc - bh / 2) * h, bw * w, bh * h]
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": meta.category_ids[int(cls)],
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": iscrowd,
+                }
+            )
+    categories = [{"id": cid, "name": name} for cid, name in zip(meta.category_ids, names)]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
 def _pycocotools_scores(gt_path: Path, dt: list[dict]) -> dict[str, float] | None:
     try:
         from pycocotools.coco import COCO
@@ -180,12 +214,14 @@ def _validate(args: argparse.Namespace, info) -> int:
         )
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = resolve_amp(args.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
-    data = load_data_config(args.data)
+    cache_dir = Path(args.cache_dir) if args.cache_dir else None
+    data = load_data_config(args.data, cache_dir=cache_dir)
     sources = {"val": data.val, "test": data.test, "train": data.train}[args.split]
     if not sources:
         raise ConfigError(f"--split {args.split}: {args.data} has no '{args.split}' entry")
     index = build_label_index(
         sources,
+        image_dir=data.image_dirs.get(args.split),
         nc=data.nc,
         root=data.root,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
@@ -209,7 +245,10 @@ def _validate(args: argparse.Namespace, info) -> int:
     dataset = loader.dataset
     if main:
         log.info("val: %s", split_summary(len(dataset), args.batch_size, info.world_size))
-    image_ids = {str(p): i for i, p in enumerate(index.images)}
+    # result ids: positions in the index, or the COCO JSON's own image and category ids
+    json_ids = index.coco.image_ids.tolist() if index.coco is not None else range(len(index.images))
+    image_ids = {str(p): i for p, i in zip(index.images, json_ids)}
+    category_ids = index.coco.category_ids if index.coco is not None else range(data.nc)
     detections_json: list[dict] = []
     scored: set[str] = set()
 
@@ -221,7 +260,7 @@ def _validate(args: argparse.Namespace, info) -> int:
             detections_json.append(
                 {
                     "image_id": image_ids[path],
-                    "category_id": int(cls),
+                    "category_id": category_ids[int(cls)],
                     "bbox": [x1, y1, x2 - x1, y2 - y1],
                     "score": score,
                 }
@@ -278,8 +317,11 @@ def _validate(args: argparse.Namespace, info) -> int:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         gt_path = out / "ground_truth.json"
-        gt = _coco_ground_truth(index, scored)
-        gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(data.names)]
+        if index.coco is not None:
+            gt = _coco_json_ground_truth(index, scored, data.names)
+        else:
+            gt = _coco_ground_truth(index, scored)
+            gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(data.names)]
         gt_path.write_text(json.dumps(gt), encoding="utf-8")
         (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")
         scores = _pycocotools_scores(gt_path, detections_json)

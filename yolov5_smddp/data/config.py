@@ -8,15 +8,21 @@ Path rules (all documented for users):
 - `root_override` replaces the root, e.g. with a SageMaker channel folder: a data.yaml written for
   `/home/me/data` then works when the channel is mounted at `/opt/ml/input/data/training`. Absolute
   `train`/`val`/`test` entries under the YAML's original `path` are rebased onto the override as well.
+- COCO form: a split that is one `.json` file is a COCO instances file (see `data.coco`); its images'
+  `file_name`s resolve against `<split>_images:` (`train_images`, `val_images`, `test_images`; a folder,
+  resolved like the entries) or, without it, the JSON's folder. Class names (and `nc`) then come from
+  the JSON's `categories` (ascending id); `names`, when given too, must agree with them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from yolov5_smddp.data.coco import is_coco_json
 from yolov5_smddp.errors import DataError
 
 SPLIT_KEYS = ("train", "val", "test")
@@ -40,6 +46,8 @@ class DataConfig:
     """Class names, index = class id."""
     nc: int
     """Number of classes (= len(names))."""
+    image_dirs: dict[str, Path] = field(default_factory=dict)
+    """COCO splits: split -> the folder the JSON's `file_name`s are relative to (absent: the JSON's)."""
 
 
 def _parse_names(raw: object, yaml_path: Path) -> list[str]:
@@ -72,8 +80,12 @@ def _resolve_entry(entry: str, root: Path, original_root: Path | None) -> Path:
     return path
 
 
-def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -> DataConfig:
-    """Read and validate a data.yaml; see the module docstring for how paths resolve.
+def load_data_config(
+    yaml_path: str | Path, root_override: Path | None = None, cache_dir: Path | None = None
+) -> DataConfig:
+    """Read and validate a data.yaml; see the module docstring for how paths resolve. A COCO JSON given
+    instead of a data.yaml is read as the `val` (and `train`) split of a dataset of its own
+    (`coco_data_config`). `cache_dir`: where a COCO JSON's parse is cached (None: the default folder).
 
     Raises DataError naming the YAML file and the key for a missing file, bad YAML, missing splits,
     sources that do not exist, or `nc` that disagrees with `names`.
@@ -81,6 +93,8 @@ def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -
     yaml_path = Path(yaml_path).expanduser().resolve()
     if not yaml_path.is_file():
         raise DataError(f"data.yaml not found: {yaml_path}")
+    if is_coco_json(yaml_path):
+        return coco_data_config(yaml_path, cache_dir)
     try:
         raw = yaml.safe_load(yaml_path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -126,7 +140,31 @@ def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -
             resolved.append(path)
         splits[key] = resolved
 
-    if "names" in raw:
+    image_dirs = {}
+    for key in SPLIT_KEYS:
+        value = raw.get(f"{key}_images")
+        if value is None:
+            continue
+        if not (len(splits[key]) == 1 and is_coco_json(splits[key][0])):
+            raise DataError(
+                f"{yaml_path}: key '{key}_images' is only for a '{key}' that is one COCO .json file"
+            )
+        if not isinstance(value, str):
+            raise DataError(f"{yaml_path}: key '{key}_images' must be a folder path, got {value!r}")
+        folder = _resolve_entry(value, root, original_root)
+        if not folder.is_dir():
+            raise DataError(f"{yaml_path}: key '{key}_images': {folder} is not a folder (root {root})")
+        image_dirs[key] = folder
+
+    coco_names = _coco_names(splits, yaml_path, cache_dir)
+    if coco_names is not None:
+        if "names" in raw and _parse_names(raw["names"], yaml_path) != coco_names:
+            raise DataError(
+                f"{yaml_path}: key 'names' {_parse_names(raw['names'], yaml_path)} disagrees with the COCO "
+                f"JSON's categories {coco_names} (leave 'names' out: they come from the JSON)"
+            )
+        names = coco_names
+    elif "names" in raw:
         names = _parse_names(raw["names"], yaml_path)
     elif isinstance(raw.get("nc"), int):
         names = [f"class{i}" for i in range(raw["nc"])]
@@ -143,6 +181,55 @@ def load_data_config(yaml_path: str | Path, root_override: Path | None = None) -
         train=splits["train"],
         val=splits["val"],
         test=splits["test"],
+        names=names,
+        nc=len(names),
+        image_dirs=image_dirs,
+    )
+
+
+def _coco_categories(json_path: Path, cache_dir: Path | None) -> tuple[list[int], list[str]]:
+    from yolov5_smddp.data.cache import default_cache_dir
+    from yolov5_smddp.data.coco import load_coco
+
+    folder = cache_dir if cache_dir is not None else default_cache_dir(os.environ, Path.home())
+    table, _ = load_coco(json_path, folder)
+    return table.category_ids.tolist(), table.names
+
+
+def _coco_names(splits: dict[str, list[Path]], yaml_path: Path, cache_dir: Path | None) -> list[str] | None:
+    """The class names of the COCO JSON splits (None when there are none); every JSON must list the
+    same categories (ids and names), else a DataError naming both files."""
+    found = None
+    for key in SPLIT_KEYS:
+        entries = splits[key]
+        if not any(is_coco_json(p) for p in entries):
+            continue
+        if len(entries) != 1:
+            raise DataError(
+                f"{yaml_path}: key '{key}': a COCO JSON split is one .json file, got {len(entries)} entries"
+            )
+        categories = _coco_categories(entries[0], cache_dir)
+        if found is None:
+            found = (entries[0], categories)
+        elif categories != found[1]:
+            raise DataError(
+                f"{yaml_path}: {entries[0]} lists categories (ids, names) {categories}, but {found[0]} lists "
+                f"{found[1]}: every split must use the same categories"
+            )
+    return None if found is None else found[1][1]
+
+
+def coco_data_config(json_path: Path, cache_dir: Path | None = None) -> DataConfig:
+    """A dataset of one COCO JSON (e.g. `val --data instances_val.json`): its `file_name`s relative to
+    the JSON's folder, names from its categories; it is the `val` and the `train` split."""
+    json_path = Path(json_path).expanduser().resolve()
+    _ids, names = _coco_categories(json_path, cache_dir)
+    return DataConfig(
+        yaml_path=json_path,
+        root=json_path.parent,
+        train=[json_path],
+        val=[json_path],
+        test=[],
         names=names,
         nc=len(names),
     )

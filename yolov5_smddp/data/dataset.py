@@ -22,6 +22,10 @@ Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
   pages copy-on-write); under DDP each rank holds only its shard, so a node holds the dataset once.
 
+Validation items of a COCO source also carry the image's crowd regions (`iscrowd: 1`) as label rows
+with class -1 - cls; `engine.evaluate` separates them (they ignore the detections they cover) and
+training items never have them.
+
 An image that passed the label scan but cannot be decoded now (corrupt data after a valid header, a
 file changed since the scan) never stops a job. It is logged once per file and process ("skipped:
 <path>: <why>") and remembered; in training the item's deterministic substitute (`substitute`: the
@@ -118,6 +122,15 @@ def resized_hw(shape_hw, img_size: int) -> tuple[int, int]:
     return max(round(h0 * r), 1), max(round(w0 * r), 1)
 
 
+def _with_crowd(labels: np.ndarray, crowd: np.ndarray) -> np.ndarray:
+    """Validation labels with the image's crowd regions appended, marked by class -1 - cls (< 0)."""
+    if not len(crowd):
+        return labels
+    marked = crowd.astype(np.float32).copy()
+    marked[:, 0] = -1 - marked[:, 0]
+    return np.concatenate([labels, marked])
+
+
 class YoloDataset:
     """A map-style dataset over a LabelIndex (see the module docstring for items and speed levers)."""
 
@@ -158,6 +171,8 @@ class YoloDataset:
         self.images: list[Path] = list(index.images)
         self.shapes = np.asarray(index.shapes, dtype=np.int32).reshape(-1, 2)
         self.labels: list[np.ndarray] = list(index.labels)
+        if not augment and index.crowd is not None:  # validation: crowd regions ride along, class -1 - cls
+            self.labels = [_with_crowd(lab, crowd) for lab, crowd in zip(self.labels, index.crowd)]
         self.batch_shapes: np.ndarray | None = None
         if rect:
             order = np.argsort(self.shapes[:, 0] / self.shapes[:, 1], kind="stable")

@@ -9,6 +9,9 @@ reported once with its file and reason and the pair is skipped; duplicate rows a
 polygon rows become their enclosing box, missing or empty label files make background images (counted).
 An image whose header claims more than `max_pixels` pixels is skipped before anything decodes it.
 
+A split that is one COCO instances `.json` is indexed by `data.coco` instead (same LabelIndex, plus
+crowd regions and the JSON's ids).
+
 Nothing is ever written under a dataset: our cache file (see `cache`) goes to `cache_dir` only (default
 `cache.default_cache_dir`), named by the sources and the content, so it survives relocation.
 """
@@ -40,6 +43,7 @@ from yolov5_smddp.data.cache import (
     sources_digest,
     stale_reason,
 )
+from yolov5_smddp.data.coco import CocoMeta, build_coco_index, is_coco_json
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.errors import DataError
 
@@ -103,6 +107,11 @@ class LabelIndex:
     report: ScanReport
     cache_path: Path | None
     """Where our cache was read or written (None when it could not be written anywhere)."""
+    crowd: list[np.ndarray] | None = None
+    """COCO sources only: per image float32 [k, 5] crowd regions (`iscrowd: 1`), never training targets;
+    validation ignores detections that fall in them (see `data.coco`)."""
+    coco: CocoMeta | None = None
+    """COCO sources only: the JSON's image and category ids (for `val --save-json`)."""
 
 
 def _label_str(image: str) -> str:
@@ -293,8 +302,12 @@ def build_label_index(
     cache_dir: Path | None = None,
     workers: int = 8,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    image_dir: Path | None = None,
 ) -> LabelIndex:
     """Discover, verify (or load from our cache) and index the pairs under `sources`.
+
+    A split that is one COCO instances JSON is indexed by `coco.build_coco_index` (`image_dir`: the
+    folder its `file_name`s are relative to; None: the JSON's folder).
 
     `cache_dir`: where our cache is read and written (None: `cache.default_cache_dir`); nothing is
     written anywhere else. `cache_policy` "rebuild": a foreign cache, or ours built for older contents of
@@ -306,6 +319,20 @@ def build_label_index(
         raise DataError(f"cache policy {cache_policy!r} is not one of {CACHE_POLICIES}")
     root = Path(root).resolve()
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(os.environ, Path.home())
+    if any(is_coco_json(s) for s in sources):
+        if len(sources) != 1:
+            raise DataError(
+                f"a split is either one COCO JSON or image folders/list files, got {[str(s) for s in sources]}"
+            )
+        return build_coco_index(
+            Path(sources[0]),
+            nc=nc,
+            root=root,
+            image_dir=image_dir,
+            cache_dir=cache_dir,
+            workers=workers,
+            max_pixels=max_pixels,
+        )
     images = _list_image_strs(sources)
     if not images:
         where = ", ".join(str(s) for s in sources)

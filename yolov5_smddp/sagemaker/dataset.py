@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     """The data.yaml the workers read, rebased onto the training channel; None = the embedded dataset.
 
-    With a `training`/`train` channel: `data` (default data.yaml) is relative to the channel, its `path`
-    is replaced by the channel folder, and a `validation`/`val` channel replaces `val`. The rebased copy is
+    With a `training`/`train` channel: `data` (default data.yaml; without one, the channel's only top-level
+    .json, a COCO instances file beside its images) is relative to the channel, its `path`
+    is replaced by the channel folder, and a `validation`/`val` channel replaces `val` (with the channel's
+    one top-level .json when it has exactly one: a COCO JSON beside its images). The rebased copy is
     written to the cache folder (channels are read-only; output/ is uploaded). Without a channel, `data`
     is used as given. Raises DataError naming the channel for a missing or invalid data.yaml.
     """
@@ -34,6 +36,10 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     if not train_channel.is_dir():
         raise DataError(f"training channel {train_channel} is not a folder (is the channel mounted?)")
     yaml_path = train_channel / (data or "data.yaml")
+    jsons = sorted(train_channel.glob("*.json"))
+    if data is None and not yaml_path.is_file() and len(jsons) == 1:  # images + one COCO JSON
+        yaml_path = jsons[0]
+        log.info("data: no data.yaml in channel %s; reading its COCO JSON %s", train_channel, yaml_path.name)
     if not yaml_path.is_file():
         found = sorted(p.name for p in train_channel.glob("*.yaml"))
         hint = (
@@ -42,12 +48,13 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
             else " (put a data.yaml with train/val/names at the channel's top level, or pass --data PATH relative to it)"
         )
         raise DataError(f"training channel {train_channel}: {yaml_path.name} not found{hint}")
-    config = load_data_config(yaml_path, root_override=train_channel)
+    config = load_data_config(yaml_path, root_override=train_channel, cache_dir=env.cache_dir)
     val = [str(p) for p in config.val]
     if val_channel is not None:
         if not val_channel.is_dir():
             raise DataError(f"validation channel {val_channel} is not a folder (is the channel mounted?)")
-        val = [str(val_channel)]
+        jsons = sorted(val_channel.glob("*.json"))  # a channel of images + one COCO JSON
+        val = [str(jsons[0])] if len(jsons) == 1 else [str(val_channel)]
     rebased = {
         "path": str(config.root),
         "train": [str(p) for p in config.train],
@@ -57,6 +64,9 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     }
     if config.test:
         rebased["test"] = [str(p) for p in config.test]
+    for split, folder in config.image_dirs.items():  # COCO JSON splits' image folders
+        if split != "val" or val_channel is None:
+            rebased[f"{split}_images"] = str(folder)
     out = env.cache_dir / "data" / "data.yaml"
     with atomic_write(out, "w", encoding="utf-8") as handle:
         handle.write(yaml.safe_dump(rebased, sort_keys=False))
@@ -68,10 +78,11 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pi
     """Scan train and val labels once before any worker starts, as the workers will (stale/foreign caches
     are reported and ignored, our cache is written to `cache_dir`, so the workers load it). Raises
     DataError when a split has no usable image; the message names the folder."""
-    config = load_data_config(data_yaml)
+    config = load_data_config(data_yaml, cache_dir=cache_dir)
     for split, sources in (("train", config.train), ("val", config.val)):
         index = build_label_index(
             sources,
+            image_dir=config.image_dirs.get(split),
             nc=config.nc,
             root=config.root,
             cache_policy="rebuild",
