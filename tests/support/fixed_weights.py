@@ -1,5 +1,5 @@
-"""Deterministic, non-trivial weights for any model, from each state-dict key's name alone (no random
-generator, no dependence on key order), so that the release's code (bench/release_reference/
+"""Deterministic, non-trivial weights for any model, from each state-dict key's name alone (an integer
+hash, no random generator, no dependence on key order), so that the release's code (bench/release_reference/
 make_model_fixtures.py) and ours fill two independently built models identically and their outputs can be
 compared. Values are representable in float16, so a half-precision checkpoint of them is exact.
 """
@@ -13,26 +13,37 @@ import torch
 FIXED_INPUT_SIZE = 128  # a multiple of every stride a v7.0 detection yaml has (P7: 128)
 
 
+def _uniform(key: str, numel: int) -> torch.Tensor:
+    """numel values in [-1, 1) from an integer hash of (key, index): exact integer arithmetic, so every
+    machine and library computes the same bits."""
+    seed = zlib.crc32(key.encode())
+    h = (torch.arange(numel, dtype=torch.int64) * 2654435761 + seed) % 2**32
+    h = ((h ^ (h >> 15)) * 2246822519) % 2**32
+    h = ((h ^ (h >> 13)) * 3266489917) % 2**32
+    h = h ^ (h >> 16)
+    return h.to(torch.float64) / 2**31 - 1.0
+
+
 def fixed_value(key: str, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    """float32 values for the tensor named `key`: a sine pattern whose phase comes from the key,
-    scaled by role (BatchNorm statistics and scales, biases, weights by 1/sqrt(fan-in))."""
+    """float32 values for the tensor named `key`, pseudo-random from its name, scaled by role: BatchNorm
+    statistics and scales near their usual values, small biases, weights He-uniform (by 1/sqrt(fan-in))
+    so that features keep their scale through the network and the output depends on the input."""
     numel = 1
     for d in shape:
         numel *= d
-    phase = zlib.crc32(key.encode()) % 997 / 97.0
-    base = torch.sin(torch.arange(numel, dtype=torch.float64) * 0.61803 + phase).view(*shape)
+    u = _uniform(key, numel).view(*shape)
     leaf = key.rsplit(".", 1)[-1]
     if leaf == "running_var":
-        value = 1.0 + 0.25 * (base + 1.0)
+        value = 1.0 + 0.25 * (u + 1.0)
     elif leaf == "running_mean":
-        value = 0.1 * base
+        value = 0.1 * u
     elif len(shape) == 1 and leaf == "weight":  # BatchNorm scale
-        value = 1.0 + 0.2 * base
+        value = 1.0 + 0.2 * u
     elif len(shape) <= 1:  # biases
-        value = 0.1 * base
+        value = 0.1 * u
     else:
         fan_in = numel // shape[0]
-        value = base * (1.5 / fan_in**0.5)
+        value = u * (6.0 / fan_in) ** 0.5
     return value.to(torch.float16).to(torch.float32)
 
 

@@ -295,6 +295,22 @@ class Focus(nn.Module):
         )
 
 
+class ZeroPad2d(nn.ZeroPad2d):
+    """torch's ZeroPad2d, except in an ONNX export, where the zeros are concatenated instead of a Pad
+    node: onnxruntime's graph optimizer folds a Pad followed by a MaxPool into the pool's own padding,
+    which pads with -inf, not zeros (yolov3-tiny's ZeroPad2d + MaxPool2d(2, 1) came out 3.5 px off)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.onnx.is_in_onnx_export() or min(self.padding) < 0:
+            return super().forward(x)
+        left, right, top, bottom = self.padding
+        zero = x[..., :1, :1] * 0  # [B, C, 1, 1], shape-agnostic (dynamic axes)
+        row = [zero.expand(-1, -1, x.shape[2], n) for n in (left, right)]
+        x = torch.cat([t for t in (row[0], x, row[1]) if t.shape[-1]], dim=3)
+        col = [zero.expand(-1, -1, n, x.shape[3]) for n in (top, bottom)]
+        return torch.cat([t for t in (col[0], x, col[1]) if t.shape[-2]], dim=2)
+
+
 class Concat(nn.Module):
     """Concatenate a list of tensors along `dim` (channels by default)."""
 

@@ -285,7 +285,7 @@ MODULES: dict[str, ModuleKind] = {
         ),
         lambda a: a["stride"] or a["kernel_size"],
     ),
-    "nn.ZeroPad2d": ModuleKind(nn.ZeroPad2d, "same", (_p("padding", _pad4, REQUIRED),)),
+    "nn.ZeroPad2d": ModuleKind(blocks.ZeroPad2d, "same", (_p("padding", _pad4, REQUIRED),)),
     "Concat": ModuleKind(blocks.Concat, "concat", (_p("dim", lambda v: v == 1, 1),)),
     "Detect": ModuleKind(Detect, "detect"),
 }
