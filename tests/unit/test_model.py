@@ -181,6 +181,14 @@ def test_activation_is_read_from_an_allow_list(text, expected):
         assert {m.act.negative_slope for m in convs} == {0.1}
 
 
+def test_width_rounds_channels_up_to_multiples_of_8_and_depth_rounds_repeats():
+    cfg = load_model_config("yolov5n")
+    cfg.update(width_multiple=0.3, depth_multiple=0.5)
+    layers = resolve_layers(cfg)
+    assert layers[0].out_channels == 24  # ceil(64 * 0.3 / 8) * 8, not 16
+    assert layers[4].repeats == 3 and layers[2].repeats == 2  # max(round(6 * 0.5), 1); round(1.5) = 2
+
+
 def test_p6_names_and_release_format_rows():
     model = build_model("yolov5n6")
     assert model.stride.tolist() == [8.0, 16.0, 32.0, 64.0] and len(model.model) == 34
