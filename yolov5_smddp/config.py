@@ -269,10 +269,12 @@ class TrainConfig:
     """data.yaml path; None → the embedded synthetic dataset generated under the cache folder."""
     cfg: str | None = option(
         None,
-        help="model config name (yolov5n/s/m/l/x) or YAML path (default: the architecture of --weights when "
+        help="model config name (yolov5n/s/m/l/x, P6 yolov5n6..x6) or a model yaml in the release's format "
+        "(default: the architecture of --weights when "
         "given, else yolov5s)",
     )
-    """model config: a name (yolov5n/s/m/l/x) or a YAML path; None → the architecture of --weights when
+    """model config: a name (yolov5n/s/m/l/x, or the P6 yolov5n6/s6/m6/l6/x6 for `--imgsz 1280`) or a model
+    yaml in the release's format (any v7.0 `models/` or `models/hub/` detection yaml, or your own); None → the architecture of --weights when
     given (the release's rule), else yolov5s."""
     weights: str | None = option(None, help="initial weights (ours or the release's .pt)")
     """initial weights (ours or the release's .pt); None → train from scratch."""

@@ -108,7 +108,7 @@ def export_model(
         output = module(example)  # a dry run: shapes for the log, and lazy initialisation done
     written = {}
     for fmt in options.include:
-        path = stem.with_suffix(SUFFIXES[fmt])
+        path = stem.with_name(stem.name + SUFFIXES[fmt])  # not with_suffix: a stem may hold dots (v3.0-x)
         if fmt == "torchscript":
             _torchscript(module, example, path, _config(model, example, options))
         else:

@@ -16,6 +16,7 @@ from yolov5_smddp.boxes import complete_iou
 
 # Objectness weight per output level (P3, P4, P5): small strides see many more negative cells.
 OBJ_BALANCE = {3: (4.0, 1.0, 0.4)}
+OBJ_BALANCE_OTHER = (4.0, 1.0, 0.25, 0.06, 0.02)  # the first nl of these for 1, 2, 4 or 5 levels (P6, P7)
 NEIGHBOUR_OFFSET = 0.5
 # The own cell, then the left, upper, right and lower neighbour (subtracted from the target centre).
 CELL_OFFSETS = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]) * NEIGHBOUR_OFFSET
@@ -58,12 +59,12 @@ class YoloLoss:
     def __init__(self, model: nn.Module, hyp: dict) -> None:
         detect = model.detect
         hyp = {**HYP_DEFAULTS, **hyp}
-        if detect.nl not in OBJ_BALANCE:
+        if not 1 <= detect.nl <= len(OBJ_BALANCE_OTHER):
             raise ValueError(f"YoloLoss: no objectness balance for {detect.nl} output levels")
         device = detect.anchors.device
         self.nc, self.na, self.nl = detect.nc, detect.na, detect.nl
         self.anchors = detect.anchors.detach().float()  # [nl, na, 2] grid units
-        self.balance = OBJ_BALANCE[detect.nl]
+        self.balance = OBJ_BALANCE.get(detect.nl, OBJ_BALANCE_OTHER[: detect.nl])
         self.gains = (float(hyp["box"]), float(hyp["obj"]), float(hyp["cls"]))
         self.anchor_t = float(hyp["anchor_t"])
         self.gamma = float(hyp["fl_gamma"])

@@ -88,7 +88,7 @@ def _finetune_beats_scratch(sets, weights: Path, out: Path) -> str:
     assert first > sets["scratch"] + MARGIN, (first, sets["scratch"])
     finetuned, checkpoint = load_model(out / "model" / "best.pt"), load_model(sets["best"])
     assert _params(finetuned) == _params(checkpoint)
-    assert finetuned.cfg["width_multiple"] == 0.125 and finetuned.cfg["layers"] == checkpoint.cfg["layers"]
+    assert finetuned.cfg["width_multiple"] == 0.125 and finetuned.cfg["head"] == checkpoint.cfg["head"]
     return line
 
 

@@ -1,5 +1,7 @@
 """Writes checkpoints in the release's format (a pickled whole model, classes named models.yolo.* and
-models.common.*) from one of our models, for tests of the allow-listed reader and of fine-tuning.
+models.common.*) from one of OUR models, for the integration test that fine-tunes from a model trained
+here. Tests of reading the release's files use the genuine checkpoints the release's own code pickled
+(tests/fixtures/release_models, made by bench/release_reference/make_model_fixtures.py), never this.
 
 Stand-in classes carrying the release's module and class names are registered in sys.modules only while
 torch.save runs; the file then holds exactly what a release `.pt` holds: the model object with `yaml`,
@@ -13,35 +15,20 @@ import types
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from yolov5_smddp.models import blocks, detect
 from yolov5_smddp.models.yolo import DetectionModel, build_model
 
-_RELEASE_MODULE = {"Upsample": "nn.Upsample"}
-
 
 def release_yaml(config: dict, *, with_layers: bool = True) -> dict:
-    """Our model config as the release writes its model yaml (`backbone` / `head` rows of
-    [from, repeats, module, args]); `with_layers=False` keeps only nc and the multiples."""
-    out = {
-        "nc": config["nc"],
-        "depth_multiple": config["depth_multiple"],
-        "width_multiple": config["width_multiple"],
-        "anchors": [list(row) for row in config["anchors"]],
-    }
-    if not with_layers:
-        return out
-    rows = []
-    for layer in config["layers"]:
-        block, args = layer["block"], list(layer.get("args", []))
-        if block == "Upsample":
-            args = [None, *args]
-        if block == "Detect":
-            args = ["nc", "anchors"]
-        rows.append([layer.get("from", -1), layer.get("repeats", 1), _RELEASE_MODULE.get(block, block), args])
-    out["backbone"], out["head"] = rows[:10], rows[10:]
-    return out
+    """Our model config (the release's yaml format) as a release checkpoint stores it: the dict
+    `yaml.safe_load` gives (Upsample's first argument the string 'None'); `with_layers=False` keeps only nc,
+    the multiples and the anchors."""
+    keys = ["nc", "depth_multiple", "width_multiple", "anchors", "activation"]
+    keys += ["backbone", "head"] if with_layers else []
+    return yaml.safe_load(yaml.safe_dump({k: config[k] for k in keys if k in config}, sort_keys=False))
 
 
 def save_release_checkpoint(
@@ -56,13 +43,11 @@ def save_release_checkpoint(
         return cls
 
     mapping = {
-        blocks.Conv: stand_in(blocks.Conv, common_mod, "Conv"),
-        blocks.C3: stand_in(blocks.C3, common_mod, "C3"),
-        blocks.Bottleneck: stand_in(blocks.Bottleneck, common_mod, "Bottleneck"),
-        blocks.SPPF: stand_in(blocks.SPPF, common_mod, "SPPF"),
-        blocks.Concat: stand_in(blocks.Concat, common_mod, "Concat"),
-        detect.Detect: stand_in(detect.Detect, yolo_mod, "Detect"),
+        cls: stand_in(cls, common_mod, cls.__name__)
+        for cls in vars(blocks).values()
+        if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == blocks.__name__
     }
+    mapping[detect.Detect] = stand_in(detect.Detect, yolo_mod, "Detect")
 
     class ReleaseDetectionModel(nn.Module):
         pass
@@ -78,8 +63,6 @@ def save_release_checkpoint(
         for child in layer.modules():
             if type(child) in mapping:
                 child.__class__ = mapping[type(child)]
-            elif type(child) is blocks.Upsample:  # the release uses torch's class itself
-                child.__class__ = nn.Upsample
         layers.append(layer)
     release = ReleaseDetectionModel()
     release.model = nn.Sequential(*layers)

@@ -3,11 +3,13 @@ report counts real tensors and parameter elements, a --cfg that does not fit the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from release_checkpoint import release_yaml, save_release_checkpoint
 
-from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.initial import architecture_name, initial_model
 from yolov5_smddp.models.weights import load_weights, save_weights, transfer_state
 from yolov5_smddp.models.yolo import build_model, load_model_config
@@ -121,30 +123,39 @@ def test_without_weights_and_when_resuming():
     assert resumed.architecture == "yolov5n" and resumed.model.cfg["anchors"] == FITTED
 
 
-@pytest.mark.parametrize("with_layers", [True, False])
-def test_release_checkpoint_defines_the_model(tmp_path, trained_n, with_layers):
-    source, _ = trained_n
-    path = save_release_checkpoint(
-        tmp_path / "yolov5n.pt",
-        source,
-        yaml=release_yaml(load_model_config("yolov5n"), with_layers=with_layers),  # the cfg's anchors...
-        names=[f"n{i}" for i in range(80)],
-    )
-    loaded = load_weights(path)
+RELEASE_N = Path(__file__).resolve().parents[1] / "fixtures" / "release_models" / "yolov5n.pt"
+
+
+def test_release_checkpoint_defines_the_model():
+    """A yolov5n checkpoint the release's own code pickled."""
+    loaded = load_weights(RELEASE_N)
     assert loaded.source == "release" and architecture_name(loaded.cfg) == "yolov5n"
-    built = initial_model(None, str(path), 3, NAMES3)
+    built = initial_model(None, str(RELEASE_N), 3, NAMES3)
     assert built.architecture == "yolov5n" and _params(built.model) == _params(build_model("yolov5n", nc=3))
-    # ...but the model's anchors buffer (fitted) is what the release trains with, and what we keep
-    torch.testing.assert_close(built.model.detect.anchors, source.detect.anchors.half().float())
+    # the model's anchors buffer is what the release trains with, and what we keep
+    torch.testing.assert_close(built.model.detect.anchors, loaded.state_dict["model.24.anchors"].float())
     assert (built.transfer.tensors, built.transfer.total_tensors) == (286, 292)
     assert (
         "model: yolov5n from weights" in built.line and "(nc 80→3, anchors from the checkpoint)" in built.line
     )
 
 
+def test_a_release_checkpoint_without_its_layers_is_refused_not_substituted(tmp_path, trained_n):
+    """No "packaged config with the same multiples" stand-in: without backbone/head the job stops."""
+    source, _ = trained_n
+    path = save_release_checkpoint(
+        tmp_path / "yolov5n.pt",
+        source,
+        yaml=release_yaml(load_model_config("yolov5n"), with_layers=False),
+        names=[f"n{i}" for i in range(80)],
+    )
+    with pytest.raises(WeightsError, match=r"yolov5n.pt: its model config cannot be built .*missing keys"):
+        initial_model(None, str(path), 3, NAMES3)
+
+
 def test_release_checkpoint_of_a_custom_layout_is_built_as_stored(tmp_path):
     config = load_model_config("yolov5n")
-    config["layers"][2]["repeats"] = 6  # not one of the packaged layouts
+    config["backbone"][2][1] = 6  # not one of the packaged layouts
     source = build_model(config)
     path = save_release_checkpoint(
         tmp_path / "custom.pt", source, yaml=release_yaml(config), names=["x"] * 80

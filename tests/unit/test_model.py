@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.models.yolo import build_model, load_model_config, resolve_layers
+from yolov5_smddp.models.yolo import (
+    activation_text,
+    build_model,
+    load_model_config,
+    parse_activation,
+    resolve_layers,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -112,7 +118,8 @@ def test_layer_table_of_yolov5s():
     layers = resolve_layers(load_model_config("yolov5s"))
     assert len(layers) == 25
     assert layers[0].args == (3, 32, 6, 2, 2) and layers[0].stride == 2
-    assert layers[6].block == "C3" and layers[6].repeats == 3 and layers[6].args == (256, 256, 3, True)
+    assert layers[6].block == "C3" and layers[6].repeats == 3 and layers[6].args == (256, 256, 3)
+    assert layers[11].block == "nn.Upsample" and layers[11].args == (None, 2, "nearest")
     assert layers[12].sources == (11, 6) and layers[12].out_channels == 512
     assert layers[13].args == (512, 256, 1, False)
     assert layers[24].sources == (17, 20, 23)
@@ -121,8 +128,8 @@ def test_layer_table_of_yolov5s():
 
 def test_unknown_block_is_refused_not_evaluated():
     cfg = load_model_config("yolov5n")
-    cfg["layers"][3]["block"] = "__import__('os').system('true')"
-    with pytest.raises(ConfigError, match="layer 3 .*unknown block"):
+    cfg["backbone"][3][2] = "__import__('os').system('true')"
+    with pytest.raises(ConfigError, match="layer 3 .*unknown module"):
         build_model(cfg)
 
 
@@ -130,17 +137,66 @@ def test_unknown_block_is_refused_not_evaluated():
     ("edit", "message"),
     [
         (lambda c: c.update(nc=0), "nc must be a positive integer"),
-        (lambda c: c.update(anchors=3), "anchors must be"),
-        (lambda c: c["layers"][1].update(args=[128, "3", 2]), "layer 1 \\(Conv\\).*integers"),
-        (lambda c: c["layers"][12].update({"from": [-1, 30]}), "must name earlier layers"),
-        (lambda c: c.pop("layers"), "missing keys \\['layers'\\]"),
+        (lambda c: c.update(anchors=[[10, 13, 16]]), "anchors must be"),
+        (lambda c: c.update(anchors=-3), "anchors must be"),
+        (lambda c: c["backbone"][1].__setitem__(3, [128, "3", 2]), "layer 1 \\(Conv\\).*k='3' must be"),
+        (lambda c: c["head"][2].__setitem__(0, [-1, 30]), "layer 12 \\(Concat\\).*must name earlier layers"),
+        (lambda c: c["head"][0].__setitem__(3, [512, 1, 1, 0, 1, 1, True, 9]), "layer 10 .*at most 6"),
+        (lambda c: c["head"][1].__setitem__(3, [None, 2, "linear"]), "layer 11 .*mode='linear' must be"),
+        (lambda c: c["head"][-1].__setitem__(0, [17, 20]), "layer 24 \\(Detect\\).*: 3 anchor rows for 2"),
+        (lambda c: c.pop("backbone"), "missing keys \\['backbone'\\]"),
+        (lambda c: c.update(layers=[]), "missing keys \\['backbone', 'head'\\] \\(this is the old"),
+        (lambda c: c.update(activation="__import__('os').system('true')"), "activation: .* is not one of"),
+        (lambda c: c.update(activation="nn.ReLU(os.getcwd())"), "activation: .*bad arguments"),
+        (lambda c: c.update(activation="nn.LeakyReLU(0.1, 2, 3)"), "activation: .*bad arguments"),
     ],
 )
 def test_bad_configs_name_the_problem(edit, message):
     cfg = load_model_config("yolov5n")
     edit(cfg)
+    if "layers" in cfg:
+        cfg.pop("backbone"), cfg.pop("head")
     with pytest.raises(ConfigError, match=message):
         build_model(cfg)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("nn.LeakyReLU(0.1)", torch.nn.LeakyReLU(0.1)),
+        ("nn.ReLU()", torch.nn.ReLU()),
+        (" nn.Hardswish() ", torch.nn.Hardswish()),
+        ("nn.SiLU(inplace=True)", torch.nn.SiLU()),
+    ],
+)
+def test_activation_is_read_from_an_allow_list(text, expected):
+    made = parse_activation(text)()
+    assert type(made) is type(expected) and activation_text(made) == activation_text(expected)
+    cfg = load_model_config("yolov5n")
+    cfg["activation"] = text
+    model = build_model(cfg)
+    convs = [m for m in model.modules() if type(m).__name__ == "Conv"]
+    assert convs and all(type(m.act) is type(expected) for m in convs)
+    if isinstance(expected, torch.nn.LeakyReLU):
+        assert {m.act.negative_slope for m in convs} == {0.1}
+
+
+def test_width_rounds_channels_up_to_multiples_of_8_and_depth_rounds_repeats():
+    cfg = load_model_config("yolov5n")
+    cfg.update(width_multiple=0.3, depth_multiple=0.5)
+    layers = resolve_layers(cfg)
+    assert layers[0].out_channels == 24  # ceil(64 * 0.3 / 8) * 8, not 16
+    assert layers[4].repeats == 3 and layers[2].repeats == 2  # max(round(6 * 0.5), 1); round(1.5) = 2
+
+
+def test_p6_names_and_release_format_rows():
+    model = build_model("yolov5n6")
+    assert model.stride.tolist() == [8.0, 16.0, 32.0, 64.0] and len(model.model) == 34
+    model.eval()
+    with torch.no_grad():
+        pred, raw = model(torch.rand(1, 3, 128, 192))
+    assert [r.shape[2:4] for r in raw] == [(16, 24), (8, 12), (4, 6), (2, 3)]
+    assert pred.shape == (1, 3 * (16 * 24 + 8 * 12 + 4 * 6 + 2 * 3), 85)
 
 
 def test_config_lookup(tmp_path):

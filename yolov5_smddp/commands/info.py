@@ -7,7 +7,9 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--cfg", default="yolov5s.yaml", help="model config: yolov5{n,s,m,l,x}[.yaml] or a YAML path"
+        "--cfg",
+        default="yolov5s.yaml",
+        help="model config: yolov5{n,s,m,l,x}[6][.yaml] or a model yaml in the release's format",
     )
     parser.add_argument("--nc", type=int, default=None, help="number of classes (default: the config's)")
     parser.add_argument("--imgsz", type=int, default=640, help="square input size for the GFLOPs count")

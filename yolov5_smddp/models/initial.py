@@ -20,7 +20,13 @@ from pathlib import Path
 
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.weights import LoadedWeights, TransferReport, load_weights, transfer_state
-from yolov5_smddp.models.yolo import PACKAGE_CONFIGS, DetectionModel, build_model, load_model_config
+from yolov5_smddp.models.yolo import (
+    ACTIVATION_OVERRIDES,
+    PACKAGE_CONFIGS,
+    DetectionModel,
+    build_model,
+    load_model_config,
+)
 
 DEFAULT_CFG = "yolov5s"
 MIN_TRANSFER = 0.5
@@ -39,11 +45,12 @@ class InitialModel:
 
 
 def architecture_name(config: dict) -> str:
-    """ "yolov5n" etc. when `config` has a packaged config's multiples and layers, else its name (or its
-    multiples when it has none)."""
+    """ "yolov5n" etc. when `config` has a packaged config's multiples, layers and activations, else its
+    name (or its multiples when it has none)."""
+    keys = ("depth_multiple", "width_multiple", "backbone", "head", "activation", ACTIVATION_OVERRIDES)
     for name in PACKAGE_CONFIGS:
         packaged = load_model_config(name)
-        if all(config.get(k) == packaged[k] for k in ("depth_multiple", "width_multiple", "layers")):
+        if all(config.get(k) == packaged.get(k) for k in keys):
             return name
     named = config.get("name")
     if isinstance(named, str) and named and named != "the model config":

@@ -14,7 +14,7 @@ import io
 import pickle
 import zipfile
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,14 @@ _RELEASE_CLASSES = (
     "models.common.Bottleneck",
     "models.common.SPPF",
     "models.common.Concat",
-    # older releases' blocks: readable, so that transfer_state can take the tensors that still fit
+    "models.common.C3TR",
+    "models.common.TransformerBlock",
+    "models.common.TransformerLayer",
+    "models.common.C3Ghost",
+    "models.common.GhostConv",
+    "models.common.GhostBottleneck",
+    "models.common.DWConv",
+    # the older releases' (v3.0-v5.0) blocks
     "models.common.Focus",
     "models.common.SPP",
     "models.common.BottleneckCSP",
@@ -87,7 +94,19 @@ _TORCH_NN_CLASSES = (
     "batchnorm.BatchNorm2d",
     "activation.SiLU",
     "activation.ReLU",
+    "activation.ReLU6",
     "activation.LeakyReLU",
+    "activation.Hardswish",
+    "activation.Hardsigmoid",
+    "activation.Mish",
+    "activation.GELU",
+    "activation.ELU",
+    "activation.Sigmoid",
+    "activation.Tanh",
+    "activation.MultiheadAttention",
+    "linear.Linear",
+    "linear.NonDynamicallyQuantizableLinear",
+    "padding.ZeroPad2d",
     "container.Sequential",
     "container.ModuleList",
     "pooling.MaxPool2d",
@@ -138,6 +157,9 @@ _ALLOWED_GLOBALS: dict[str, Any] = {
 }
 
 
+_BUILDABLE = tuple(name.rsplit(".", 1)[-1] for name in _RELEASE_CLASSES)
+
+
 class _ReleaseUnpickler(pickle.Unpickler):
     """Unpickles a torch zip archive's data.pkl with the allow-list above; storages come from the
     archive's data/ records."""
@@ -153,6 +175,11 @@ class _ReleaseUnpickler(pickle.Unpickler):
         try:
             return _ALLOWED_GLOBALS[f"{module}.{name}"]
         except KeyError:
+            if module.removeprefix("yolov5.").startswith("models."):
+                raise WeightsError(
+                    f"cannot rebuild its architecture: it uses the release's class {module}.{name}, which "
+                    f"yolov5-smddp does not build (it builds {sorted(_BUILDABLE)})"
+                ) from None
             raise WeightsError(
                 f"refuses to load: the pickle names {module}.{name}, which is not a model class, tensor "
                 f"type or container (a checkpoint that needs it could run code)"
@@ -188,6 +215,19 @@ class ReleaseModel:
     yaml: dict  # the release's model config (nc, depth_multiple, width_multiple, ...); {} if absent
     names: list[str] | None
     stride: torch.Tensor | None  # [nl]
+    modules: dict[str, PickledModule] = field(default_factory=dict)  # "" = the model, "model.0.conv", ...
+
+
+@dataclass(frozen=True)
+class PickledModule:
+    """One module of the pickled model: its class (as pickled) and its plain (non-tensor) attributes."""
+
+    qualname: str
+    attrs: dict[str, Any]
+
+    @property
+    def class_name(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
 
 
 def read_release_checkpoint(path: Path) -> ReleaseModel:
@@ -227,7 +267,24 @@ def read_release_checkpoint(path: Path) -> ReleaseModel:
         yaml=attrs.get("yaml") if isinstance(attrs.get("yaml"), dict) else {},
         names=[str(n) for n in names] if isinstance(names, list | tuple) else None,
         stride=stride if torch.is_tensor(stride) else None,
+        modules=_module_records(model, ""),
     )
+
+
+def _module_records(obj: _PickledObject, path: str) -> dict[str, PickledModule]:
+    """Every module of a pickled nn.Module record by path, with its attributes that are not tensors,
+    modules or torch's bookkeeping."""
+    attrs = obj.state if isinstance(obj.state, dict) else {}
+    plain = {
+        k: v
+        for k, v in attrs.items()
+        if not k.startswith("_") and not isinstance(v, _PickledObject) and not torch.is_tensor(v)
+    }
+    out = {path: PickledModule(obj.qualname, plain)}
+    for name, child in (attrs.get("_modules") or {}).items():
+        if isinstance(child, _PickledObject):
+            out.update(_module_records(child, f"{path}.{name}" if path else name))
+    return out
 
 
 def _module_state(obj: _PickledObject, prefix: str) -> dict[str, torch.Tensor]:

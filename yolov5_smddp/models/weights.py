@@ -20,10 +20,12 @@ from torch import nn
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
-from yolov5_smddp.models.release_pickle import ReleaseModel, read_release_checkpoint
-from yolov5_smddp.models.yolo import PACKAGE_CONFIGS, DetectionModel, build_model, load_model_config
+from yolov5_smddp.models.blocks import Conv
+from yolov5_smddp.models.release_pickle import PickledModule, ReleaseModel, read_release_checkpoint
+from yolov5_smddp.models.yolo import ACTIVATION_OVERRIDES, DetectionModel, activation_names, build_model
 
 FORMAT = "yolov5-smddp/weights/v1"
+_ACTIVATION_NAMES = activation_names()
 
 
 @dataclass(frozen=True)
@@ -245,71 +247,129 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Detectio
 
 def _load_release(path: Path) -> LoadedWeights:
     release = read_release_checkpoint(path)
-    nc = release.yaml.get("nc")
-    cfg = _config_for_release(release)
-    return LoadedWeights(
-        release.state_dict, cfg, nc if isinstance(nc, int) else None, release.names, "release"
-    )
+    cfg = config_for_release(release, path)
+    state = {k: v for k, v in release.state_dict.items() if not k.endswith(".anchor_grid")}
+    return LoadedWeights(state, cfg, cfg["nc"], release.names, "release")
 
 
-_RELEASE_BLOCKS = {"Conv": "Conv", "C3": "C3", "SPPF": "SPPF", "nn.Upsample": "Upsample", "Concat": "Concat"}
+# attributes that fix a module's computation beyond its tensors' shapes, compared per pickled module
+_STRUCTURE_ATTRS = (
+    "kernel_size",
+    "stride",
+    "padding",
+    "dilation",
+    "groups",
+    "scale_factor",
+    "mode",
+    "negative_slope",
+    "add",
+    "num_heads",
+    "embed_dim",
+    "c2",
+)
+_SAME_CLASS = {"Sequential": "ModuleList", "Model": "DetectionModel"}
 
 
-def _release_layers(release_yaml: dict) -> list[dict] | None:
-    """The release's `backbone` + `head` rows ([from, repeats, module, args]) as our config's layers;
-    None when a row uses a block we do not build (the older Focus / SPP / BottleneckCSP layouts)."""
-    rows = release_yaml.get("backbone"), release_yaml.get("head")
-    if not all(isinstance(r, list) for r in rows):
-        return None
-    layers = []
-    for row in rows[0] + rows[1]:
-        if not (isinstance(row, list | tuple) and len(row) == 4 and isinstance(row[3], list | tuple)):
-            return None
-        source, repeats, block, args = row
-        if block == "Detect":
-            layers.append({"from": source, "repeats": repeats, "block": "Detect", "args": []})
+def _architecture_differences(model: nn.Module, release: ReleaseModel) -> tuple[dict[str, str], list[str]]:
+    """Compare the pickled model's module tree with `model`'s: (activation modules that differ, as
+    {path: config spelling}, and every other difference as a sentence naming the module and class)."""
+    ours = dict(model.named_modules())
+    activations, problems = {}, []
+    for path, record in release.modules.items():
+        mine = ours.get(path)
+        theirs = _SAME_CLASS.get(record.class_name, record.class_name)
+        if mine is None:
+            problems.append(f"{path} ({record.qualname}) has no counterpart in the model its yaml builds")
             continue
-        if block not in _RELEASE_BLOCKS:
-            return None
-        args = list(args)
-        if block == "nn.Upsample":  # [size None, factor, mode] -> [factor, mode]
-            if len(args) != 3 or args[0] is not None:
-                return None
-            args = args[1:]
-        layers.append({"from": source, "repeats": repeats, "block": _RELEASE_BLOCKS[block], "args": args})
-    return layers
+        name = _SAME_CLASS.get(type(mine).__name__, type(mine).__name__)
+        if name != theirs or any(
+            record.attrs.get(attr) != getattr(mine, attr)
+            for attr in _STRUCTURE_ATTRS
+            if attr in record.attrs and hasattr(mine, attr) and not isinstance(getattr(mine, attr), nn.Module)
+        ):
+            is_activation = (
+                record.class_name in _ACTIVATION_NAMES and type(mine).__name__ in _ACTIVATION_NAMES
+            )
+            if is_activation and path:
+                activations[path] = _activation_of(record)
+                continue
+            problems.append(
+                f"{path or 'the model'} is a {record.qualname} {_shown(record.attrs)} in the checkpoint but "
+                f"a {type(mine).__name__} in the model its yaml builds"
+            )
+    missing = [p for p in ours if p and p not in release.modules]
+    problems += [f"{p} ({type(ours[p]).__name__}) is not in the checkpoint" for p in missing[:3]]
+    return activations, problems
 
 
-def _config_for_release(release: ReleaseModel) -> dict | None:
-    """The release model's config as ours: its own layers (translated) when every block is one we build,
-    else our packaged config with the same depth/width multiples; its nc and its (possibly auto-fitted)
-    anchors in pixels. None when neither is possible."""
-    release_yaml, stride = release.yaml, release.stride
-    multiples = (release_yaml.get("depth_multiple"), release_yaml.get("width_multiple"))
-    layers = _release_layers(release_yaml)
-    config = None
-    if layers is not None and all(isinstance(m, int | float) for m in multiples):
-        config = {
-            "name": f"a release model (depth_multiple {multiples[0]}, width_multiple {multiples[1]})",
-            "nc": 80,
-            "depth_multiple": multiples[0],
-            "width_multiple": multiples[1],
-            "anchors": release_yaml.get("anchors"),
-            "layers": layers,
-        }
-    else:
-        for name in PACKAGE_CONFIGS:
-            packaged = load_model_config(name)
-            if (packaged["depth_multiple"], packaged["width_multiple"]) == multiples:
-                config = packaged
-                break
-    if config is None:
-        return None
+def _shown(attrs: dict) -> str:
+    shown = {k: v for k, v in attrs.items() if k in _STRUCTURE_ATTRS}
+    return f"{shown}" if shown else ""
+
+
+def _activation_of(record: PickledModule) -> str:
+    """The config spelling of a pickled activation module."""
+    slope = record.attrs.get("negative_slope")
+    if record.class_name == "LeakyReLU":
+        return f"nn.LeakyReLU({slope!r})"
+    if record.class_name == "ELU":
+        return f"nn.ELU({record.attrs.get('alpha', 1.0)!r})"
+    if record.class_name == "GELU" and record.attrs.get("approximate", "none") != "none":
+        return f"nn.GELU(approximate={record.attrs['approximate']!r})"
+    return f"nn.{record.class_name}()"
+
+
+def config_for_release(release: ReleaseModel, path: Path | str = "checkpoint") -> dict:
+    """The model config that rebuilds the release model exactly: its stored yaml (the release's format,
+    read as written: the string 'None' is None), its anchors and strides as stored, and the activations
+    its pickled modules use where they differ from what the yaml builds (older releases' Hardswish
+    convolutions, LeakyReLU inside BottleneckCSP). WeightsError naming the module and class when the
+    architecture cannot be rebuilt; no other model is ever substituted."""
+    if not release.yaml:
+        raise WeightsError(f"{path}: the release model holds no yaml to rebuild its architecture from")
+    config = dict(release.yaml)
+    config["name"] = f"{Path(str(path)).name} (a release checkpoint)"
     anchor_keys = [k for k in release.state_dict if k.endswith(".anchors")]
     anchors = release.state_dict[anchor_keys[-1]] if anchor_keys else None
-    if anchors is not None and stride is not None and stride.numel() == anchors.shape[0]:
-        pixels = anchors.float() * stride.float().view(-1, 1, 1)
+    if anchors is not None and release.stride is not None and release.stride.numel() == anchors.shape[0]:
+        pixels = anchors.float() * release.stride.float().view(-1, 1, 1)
         config["anchors"] = [[round(v, 4) for v in level.flatten().tolist()] for level in pixels]
-    if isinstance(release_yaml.get("nc"), int):
-        config["nc"] = release_yaml["nc"]
+    try:
+        for attempt in range(2):
+            with torch.device("meta"):
+                model = build_model(config)
+            activations, problems = _architecture_differences(model, release)
+            if problems or not activations or attempt:
+                break
+            config = _with_activations(config, activations, model)
+    except ConfigError as exc:
+        raise WeightsError(f"{path}: its model config cannot be built ({exc})") from exc
+    if problems or activations:
+        listed = problems + [f"{p} is a {a}" for p, a in activations.items()]
+        raise WeightsError(
+            f"{path}: the model its yaml builds differs from the pickled one, so it cannot be rebuilt "
+            f"exactly: {'; '.join(listed[:3])}"
+            + (f" (and {len(listed) - 3} more)" if len(listed) > 3 else "")
+        )
+    stride = [float(v) for v in release.stride.tolist()] if release.stride is not None else None
+    if stride is not None and stride != list(model.detect.strides):
+        raise WeightsError(
+            f"{path}: the checkpoint's strides {stride} differ from the strides its yaml builds "
+            f"{list(model.detect.strides)}"
+        )
+    return config
+
+
+def _with_activations(config: dict, activations: dict[str, str], model: nn.Module) -> dict:
+    """`config` with the checkpoint's activations: one `activation` when every activated Conv uses the
+    same one, else per-path `activations` overrides."""
+    config = dict(config)
+    conv_acts = {f"{name}.act" for name, m in model.named_modules() if isinstance(m, Conv) and m.activated}
+    texts = {activations.get(p) for p in conv_acts}
+    rest = activations
+    if conv_acts and conv_acts <= activations.keys() and len(texts) == 1:
+        config["activation"] = texts.pop()
+        rest = {p: a for p, a in activations.items() if p not in conv_acts}
+    if rest:
+        config[ACTIVATION_OVERRIDES] = dict(sorted(rest.items()))
     return config

@@ -1,11 +1,20 @@
-"""Builds a YOLOv5 DetectionModel from a config (package YAML, file path or dict).
+"""Builds a YOLOv5 DetectionModel from a model config in the release's yaml format (a package name, a
+YAML path or a dict).
 
-The builder reads YAML with `yaml.safe_load` and maps block names through `BLOCK_BUILDERS`; nothing in a
-config is ever evaluated as code.
+The format: `nc`, `depth_multiple`, `width_multiple`, `anchors` (per-level lists of (w, h) pixel pairs,
+or an int = that many anchors per level for AutoAnchor to fit), optional `activation`, and `backbone` +
+`head`, one row `[from, number, module, args]` per layer. `from` is the input layer (-1 = the previous
+one; a list for Concat/Detect), `number` the repeats before depth scaling. Channel arguments are scaled by
+the width multiple (ceil(c * width / 8) * 8), repeats by the depth multiple (max(round(n * depth), 1)).
+
+Nothing in a config is evaluated as code: module names map through `MODULES`, the string arguments the
+release's yamls use ('None', 'nc', 'anchors', 'nearest') through `_resolve_arg`, and `activation` through
+`parse_activation`, which reads one `nn.<Name>(<literals>)` call from an allow-list.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import math
 from collections.abc import Callable, Sequence
@@ -19,150 +28,291 @@ import yaml
 from torch import nn
 
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.models.blocks import C3, SPPF, Concat, Conv, Upsample
+from yolov5_smddp.models import blocks
 from yolov5_smddp.models.detect import Detect
 
-PACKAGE_CONFIGS = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
-REQUIRED_KEYS = ("nc", "depth_multiple", "width_multiple", "anchors", "layers")
+P5_CONFIGS = ("yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x")
+P6_CONFIGS = ("yolov5n6", "yolov5s6", "yolov5m6", "yolov5l6", "yolov5x6")  # stride 64, trained at 1280
+PACKAGE_CONFIGS = P5_CONFIGS + P6_CONFIGS
+REQUIRED_KEYS = ("nc", "depth_multiple", "width_multiple", "anchors", "backbone", "head")
 INPUT = -1  # source index meaning "the network input" (only reachable from layer 0)
+ACTIVATION_OVERRIDES = "activations"  # {module path: activation}, for checkpoints whose blocks differ
+
+# ---------------------------------------------------------------------------------------------------
+# activations
 
 
-@dataclass(frozen=True)
-class LayerSpec:
-    """One resolved layer: what `info` prints and what `DetectionModel.forward` wires."""
-
-    index: int
-    sources: tuple[int, ...]  # absolute layer indices feeding this one; INPUT = the image
-    repeats: int  # after depth scaling
-    block: str
-    args: tuple[Any, ...]  # constructor arguments after scaling (input channels first where used)
-    out_channels: int
-    stride: float  # total downsampling of this layer's output
-
-
-@dataclass(frozen=True)
-class _BlockInput:
-    """What a block builder sees: its sources' channels/strides, the raw args and the scaling."""
-
-    where: str  # "layer 7 (C3) in yolov5s.yaml", for error messages
-    channels: tuple[int, ...]
-    strides: tuple[float, ...]
-    args: tuple[Any, ...]
-    repeats: int
-    width_multiple: float
-    nc: int
-    anchors: tuple[tuple[float, ...], ...]
-
-    def width(self, channels: int) -> int:
-        return math.ceil(channels * self.width_multiple / 8) * 8
-
-    def ints(self, low: int, high: int) -> tuple[int, ...]:
-        if not low <= len(self.args) <= high or not all(_is_int(a) for a in self.args):
-            raise ConfigError(f"{self.where}: args {list(self.args)} must be {low}..{high} integers")
-        return tuple(int(a) for a in self.args)
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    cls.__name__: cls
+    for cls in (
+        nn.SiLU,
+        nn.ReLU,
+        nn.ReLU6,
+        nn.LeakyReLU,
+        nn.Hardswish,
+        nn.Hardsigmoid,
+        nn.Mish,
+        nn.GELU,
+        nn.ELU,
+        nn.Sigmoid,
+        nn.Tanh,
+        nn.Identity,
+    )
+}
 
 
-@dataclass(frozen=True)
-class _Built:
-    module: nn.Module
-    out_channels: int
-    stride: float
-    args: tuple[Any, ...]
-    repeats: int = 1  # the repeats the module holds inside (C3's bottlenecks)
+def parse_activation(text: Any, where: str = "activation") -> Callable[[], nn.Module]:
+    """A factory for the activation `text` names, e.g. "nn.LeakyReLU(0.1)" or "nn.ReLU()": one call of an
+    allow-listed torch.nn activation with literal arguments. Raises ConfigError otherwise."""
+    allowed = f"one of nn.{{{', '.join(sorted(_ACTIVATIONS))}}}(...) with literal arguments"
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: expected a string such as 'nn.LeakyReLU(0.1)', got {text!r}")
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise ConfigError(f"{where}: {text!r} is not {allowed}") from None
+    func = node.func if isinstance(node, ast.Call) else None
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "nn"
+        and func.attr in _ACTIVATIONS
+    ):
+        raise ConfigError(f"{where}: {text!r} is not {allowed}")
+    try:
+        args = [ast.literal_eval(a) for a in node.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+        if len(kwargs) != len(node.keywords):
+            raise ValueError("**kwargs")
+        cls = _ACTIVATIONS[func.attr]
+        cls(*args, **kwargs)  # arguments checked once, here
+    except (ValueError, TypeError, SyntaxError) as exc:
+        raise ConfigError(f"{where}: {text!r}: bad arguments ({exc})") from None
+    return lambda: cls(*args, **kwargs)
+
+
+def activation_text(module: nn.Module) -> str:
+    """The config spelling of an activation module ("nn.LeakyReLU(0.1)"), the inverse of parse_activation."""
+    name = type(module).__name__
+    if name not in _ACTIVATIONS:
+        raise ConfigError(f"{name} is not an activation a config can name")
+    if isinstance(module, nn.LeakyReLU):
+        return f"nn.LeakyReLU({module.negative_slope!r})"
+    if isinstance(module, nn.ELU):
+        return f"nn.ELU({module.alpha!r})"
+    if isinstance(module, nn.GELU) and module.approximate != "none":
+        return f"nn.GELU(approximate={module.approximate!r})"
+    return f"nn.{name}()"
+
+
+# ---------------------------------------------------------------------------------------------------
+# argument checks and the module table
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _single_source(inp: _BlockInput) -> None:
-    if len(inp.channels) != 1:
-        raise ConfigError(f"{inp.where}: takes one input, got {len(inp.channels)}")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _no_repeats(inp: _BlockInput) -> None:
-    if inp.repeats != 1:
-        raise ConfigError(f"{inp.where}: repeats must be 1 (only C3 repeats), got {inp.repeats}")
+def _positive_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
 
 
-def _build_conv(inp: _BlockInput) -> _Built:
-    _single_source(inp)
-    _no_repeats(inp)
-    c2, k, s, *p = inp.ints(3, 4)
-    args = (inp.channels[0], inp.width(c2), k, s, *p)
-    return _Built(Conv(*args), args[1], inp.strides[0] * s, args)
+def _non_negative_int(v: Any) -> bool:
+    return _is_int(v) and v >= 0
 
 
-def _build_c3(inp: _BlockInput) -> _Built:
-    _single_source(inp)
-    if not 1 <= len(inp.args) <= 2 or not _is_int(inp.args[0]):
-        raise ConfigError(f"{inp.where}: args {list(inp.args)} must be [channels] or [channels, shortcut]")
-    shortcut = inp.args[1] if len(inp.args) == 2 else True
-    if not isinstance(shortcut, bool):
-        raise ConfigError(f"{inp.where}: shortcut must be true or false, got {shortcut!r}")
-    args = (inp.channels[0], inp.width(inp.args[0]), inp.repeats, shortcut)
-    return _Built(C3(*args), args[1], inp.strides[0], args, repeats=inp.repeats)
+def _kernel(v: Any) -> bool:
+    return _positive_int(v) or (isinstance(v, list | tuple) and len(v) == 2 and all(map(_positive_int, v)))
 
 
-def _build_sppf(inp: _BlockInput) -> _Built:
-    _single_source(inp)
-    _no_repeats(inp)
-    c2, k = inp.ints(2, 2)
-    args = (inp.channels[0], inp.width(c2), k)
-    return _Built(SPPF(*args), args[1], inp.strides[0], args)
+def _padding(v: Any) -> bool:
+    return (
+        v is None
+        or _non_negative_int(v)
+        or (isinstance(v, list | tuple) and len(v) == 2 and all(map(_non_negative_int, v)))
+    )
 
 
-def _build_upsample(inp: _BlockInput) -> _Built:
-    _single_source(inp)
-    _no_repeats(inp)
-    if len(inp.args) != 2 or not _is_int(inp.args[0]) or inp.args[1] not in ("nearest", "bilinear"):
-        raise ConfigError(f"{inp.where}: args {list(inp.args)} must be [factor, nearest|bilinear]")
-    factor, mode = inp.args
-    return _Built(Upsample(factor, mode), inp.channels[0], inp.strides[0] / factor, (factor, mode))
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
 
 
-def _build_concat(inp: _BlockInput) -> _Built:
-    _no_repeats(inp)
-    (dim,) = inp.ints(1, 1)
-    if dim != 1:
-        raise ConfigError(f"{inp.where}: only channel concatenation (dim 1) is supported, got {dim}")
-    if len(set(inp.strides)) != 1:
-        raise ConfigError(f"{inp.where}: inputs have different strides {list(inp.strides)}")
-    return _Built(Concat(dim), sum(inp.channels), inp.strides[0], (dim,))
+def _fraction(v: Any) -> bool:
+    return _is_number(v) and 0 < v <= 4
 
 
-def _build_detect(inp: _BlockInput) -> _Built:
-    _no_repeats(inp)
-    if inp.args:
-        raise ConfigError(f"{inp.where}: Detect takes no args (nc and anchors come from the config)")
-    if len(inp.anchors) != len(inp.channels):
-        raise ConfigError(f"{inp.where}: {len(inp.anchors)} anchor rows for {len(inp.channels)} inputs")
-    args = (inp.nc, [list(a) for a in inp.anchors], list(inp.channels))
-    return _Built(Detect(inp.nc, inp.anchors, inp.channels, inp.strides), inp.nc + 5, 0.0, args)
+def _odd_kernels(v: Any) -> bool:
+    return isinstance(v, list | tuple) and bool(v) and all(_positive_int(k) and k % 2 for k in v)
 
 
-BLOCK_BUILDERS: dict[str, Callable[[_BlockInput], _Built]] = {
-    "Conv": _build_conv,
-    "C3": _build_c3,
-    "SPPF": _build_sppf,
-    "Upsample": _build_upsample,
-    "Concat": _build_concat,
-    "Detect": _build_detect,
+def _upsample_size(v: Any) -> bool:
+    return v is None
+
+
+def _scale_factor(v: Any) -> bool:
+    return _is_number(v) and v > 0
+
+
+def _upsample_mode(v: Any) -> bool:
+    return v in ("nearest", "bilinear", "bicubic")
+
+
+def _pad4(v: Any) -> bool:
+    return _non_negative_int(v) or (
+        isinstance(v, list | tuple) and len(v) == 4 and all(map(_non_negative_int, v))
+    )
+
+
+_CHECK_TEXT = {
+    _positive_int: "a positive integer",
+    _non_negative_int: "a non-negative integer",
+    _kernel: "a kernel size (int or [h, w])",
+    _padding: "a padding (None, int or [h, w])",
+    _bool: "true or false",
+    _fraction: "a number in (0, 4]",
+    _odd_kernels: "a list of odd kernel sizes",
+    _upsample_size: "None (size is not supported: use scale_factor)",
+    _scale_factor: "a positive number",
+    _upsample_mode: "'nearest', 'bilinear' or 'bicubic'",
+    _pad4: "an int or [left, right, top, bottom]",
 }
+
+
+REQUIRED = object()  # a parameter default: the yaml must give it
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str
+    check: Callable[[Any], bool]
+    default: Any
+
+
+@dataclass(frozen=True)
+class ModuleKind:
+    """How one yaml module name is built: its class, its parameters after the leading ones the builder
+    supplies, and how it changes the stride.
+
+    kind: "channels" (args[0] = output channels, width-scaled; the input channels go first),
+    "csp" (the same, the repeats go third and the module is built once), "same" (channels unchanged),
+    "concat", "detect"."""
+
+    cls: Callable[..., nn.Module]
+    kind: str
+    params: tuple[_Param, ...] = ()
+    stride: Callable[[dict], float] = lambda a: 1.0
+
+
+def _p(name: str, check: Callable[[Any], bool], default: Any) -> _Param:
+    return _Param(name, check, default)
+
+
+_CSP_PARAMS = (_p("shortcut", _bool, True), _p("g", _positive_int, 1), _p("e", _fraction, 0.5))
+_CONV_STRIDE = (_p("s", _positive_int, 1),)
+
+MODULES: dict[str, ModuleKind] = {
+    "Conv": ModuleKind(
+        blocks.Conv,
+        "channels",
+        (
+            _p("k", _kernel, 1),
+            *_CONV_STRIDE,
+            _p("p", _padding, None),
+            _p("g", _positive_int, 1),
+            _p("d", _positive_int, 1),
+            _p("act", _bool, True),
+        ),
+        lambda a: a["s"],
+    ),
+    "DWConv": ModuleKind(
+        blocks.DWConv,
+        "channels",
+        (_p("k", _kernel, 1), *_CONV_STRIDE, _p("d", _positive_int, 1), _p("act", _bool, True)),
+        lambda a: a["s"],
+    ),
+    "GhostConv": ModuleKind(
+        blocks.GhostConv,
+        "channels",
+        (_p("k", _kernel, 1), *_CONV_STRIDE, _p("g", _positive_int, 1), _p("act", _bool, True)),
+        lambda a: a["s"],
+    ),
+    "GhostBottleneck": ModuleKind(
+        blocks.GhostBottleneck,
+        "channels",
+        (_p("k", _positive_int, 3), _p("s", lambda v: v in (1, 2) and _is_int(v), 1)),
+        lambda a: a["s"],
+    ),
+    "Focus": ModuleKind(
+        blocks.Focus,
+        "channels",
+        (
+            _p("k", _kernel, 1),
+            *_CONV_STRIDE,
+            _p("p", _padding, None),
+            _p("g", _positive_int, 1),
+            _p("act", _bool, True),
+        ),
+        lambda a: 2 * a["s"],
+    ),
+    "Bottleneck": ModuleKind(blocks.Bottleneck, "channels", _CSP_PARAMS),
+    "SPP": ModuleKind(blocks.SPP, "channels", (_p("k", _odd_kernels, (5, 9, 13)),)),
+    "SPPF": ModuleKind(blocks.SPPF, "channels", (_p("k", lambda v: _positive_int(v) and v % 2 == 1, 5),)),
+    "C3": ModuleKind(blocks.C3, "csp", _CSP_PARAMS),
+    "C3TR": ModuleKind(blocks.C3TR, "csp", _CSP_PARAMS),
+    "C3Ghost": ModuleKind(blocks.C3Ghost, "csp", _CSP_PARAMS),
+    "BottleneckCSP": ModuleKind(blocks.BottleneckCSP, "csp", _CSP_PARAMS),
+    "nn.Upsample": ModuleKind(
+        nn.Upsample,
+        "same",
+        (
+            _p("size", _upsample_size, None),
+            _p("scale_factor", _scale_factor, REQUIRED),
+            _p("mode", _upsample_mode, "nearest"),
+        ),
+        lambda a: 1.0 / a["scale_factor"],
+    ),
+    "nn.MaxPool2d": ModuleKind(
+        nn.MaxPool2d,
+        "same",
+        (
+            _p("kernel_size", _positive_int, REQUIRED),
+            _p("stride", lambda v: v is None or _positive_int(v), None),
+            _p("padding", _non_negative_int, 0),
+        ),
+        lambda a: a["stride"] or a["kernel_size"],
+    ),
+    "nn.ZeroPad2d": ModuleKind(blocks.ZeroPad2d, "same", (_p("padding", _pad4, REQUIRED),)),
+    "Concat": ModuleKind(blocks.Concat, "concat", (_p("dim", lambda v: v == 1, 1),)),
+    "Detect": ModuleKind(Detect, "detect"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading configs
 
 
 def load_model_config(cfg: str | Path | dict) -> dict:
     """A validated copy of a model config: a dict, a YAML file path, or a packaged name such as
-    "yolov5s" / "yolov5s.yaml". Raises ConfigError naming the file and key."""
+    "yolov5s" / "yolov5s6.yaml". Raises ConfigError naming the file and key."""
     if isinstance(cfg, dict):
-        config, origin = copy.deepcopy(cfg), "the model config"
+        config, origin = copy.deepcopy(cfg), str(cfg.get("name", "the model config"))
     else:
         config, origin = _read_config_file(cfg)
     if not isinstance(config, dict):
         raise ConfigError(f"{origin}: expected a mapping with keys {list(REQUIRED_KEYS)}")
     missing = [key for key in REQUIRED_KEYS if key not in config]
     if missing:
-        raise ConfigError(f"{origin}: missing keys {missing}")
+        hint = ""
+        if "layers" in config:
+            hint = (
+                " (this is the old yolov5-smddp layout with `layers`; write the release's format: "
+                "`backbone` and `head` rows [from, number, module, args])"
+            )
+        raise ConfigError(f"{origin}: missing keys {missing}{hint}")
     config.setdefault("name", origin)
     return config
 
@@ -187,93 +337,194 @@ def _read_config_file(cfg: str | Path) -> tuple[Any, str]:
         raise ConfigError(f"{origin}: not valid YAML ({exc})") from exc
 
 
-def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...]:
+def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...] | int:
+    """Per-level pixel (w, h) lists, or an int (anchors per level, to be fitted by AutoAnchor)."""
+    if _positive_int(anchors):
+        return int(anchors)
     rows = anchors if isinstance(anchors, list | tuple) else None
     ok = bool(rows) and all(
         isinstance(r, list | tuple)
         and len(r) >= 2
         and len(r) % 2 == 0
         and len(r) == len(rows[0])
-        and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in r)
+        and all(_is_number(v) and v >= 0 for v in r)
         for r in rows
     )
     if not ok:
         raise ConfigError(
-            f"{origin}: anchors must be one list of positive (w, h) pixel pairs per level, e.g. "
-            f"[[10, 13, 16, 30, 33, 23], ...]; got {anchors!r}"
+            f"{origin}: anchors must be one list of (w, h) pixel pairs per level, e.g. "
+            f"[[10, 13, 16, 30, 33, 23], ...], or a number of anchors per level; got {anchors!r}"
         )
     return tuple(tuple(float(v) for v in r) for r in rows)
 
 
-def resolve_layers(config: dict) -> list[LayerSpec]:
-    """The config's layers, scaled and wired (their modules are built on the meta device and dropped)."""
-    with torch.device("meta"):
-        return [spec for spec, _ in _build_layers(config)]
+# ---------------------------------------------------------------------------------------------------
+# building
 
 
-def _build_layers(config: dict) -> list[tuple[LayerSpec, nn.Module]]:
-    origin = config.get("name", "the model config")
-    nc, gd, gw = config["nc"], config["depth_multiple"], config["width_multiple"]
-    if not _is_int(nc) or nc < 1:
-        raise ConfigError(f"{origin}: nc must be a positive integer, got {nc!r}")
-    for key, value in (("depth_multiple", gd), ("width_multiple", gw)):
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{origin}: {key} must be a positive number, got {value!r}")
-    anchors = _check_anchors(config["anchors"], origin)
-    layers = config["layers"]
-    if not isinstance(layers, list) or not layers:
-        raise ConfigError(f"{origin}: layers must be a non-empty list")
+@dataclass(frozen=True)
+class LayerSpec:
+    """One resolved layer: what `info` prints and what `DetectionModel.forward` wires."""
 
-    built: list[tuple[LayerSpec, nn.Module]] = []
-    for index, entry in enumerate(layers):
-        where = f"layer {index} in {origin}"
-        if not isinstance(entry, dict) or set(entry) - {"from", "repeats", "block", "args"}:
+    index: int
+    sources: tuple[int, ...]  # absolute layer indices feeding this one; INPUT = the image
+    repeats: int  # after depth scaling
+    block: str  # the module name as the config writes it ("C3", "nn.Upsample")
+    args: tuple[Any, ...]  # the row's arguments after scaling (input channels first where used), as given
+    out_channels: int
+    stride: float  # total downsampling of this layer's output
+
+
+def _make_divisible(x: float, divisor: int = 8) -> int:
+    return math.ceil(x / divisor) * divisor
+
+
+def _resolve_arg(value: Any, nc: int, anchors: Any) -> Any:
+    """The string arguments the release's yamls use, read without eval: 'None' / 'True' / 'False', and
+    the names 'nc' and 'anchors' (the config's values). Other strings stay strings ('nearest')."""
+    if not isinstance(value, str):
+        return value
+    named = {"None": None, "True": True, "False": False, "nc": nc, "anchors": anchors}
+    return named.get(value.strip(), value)
+
+
+def _bind(kind: ModuleKind, args: list, leading: int, where: str) -> dict:
+    """Bind the args after the `leading` builder-supplied ones to the module's parameters, checked."""
+    given = args[leading:]
+    if len(given) > len(kind.params):
+        names = [p.name for p in kind.params]
+        raise ConfigError(f"{where}: {len(given)} arguments where at most {len(names)} fit ({names})")
+    bound = {}
+    for param, value in zip(kind.params, [*given, *(p.default for p in kind.params[len(given) :])]):
+        if value is REQUIRED:
+            raise ConfigError(f"{where}: argument {param.name} is required")
+        if not param.check(value):
             raise ConfigError(
-                f"{where}: expected a mapping with keys from, repeats, block, args; got {entry!r}"
+                f"{where}: argument {param.name}={value!r} must be {_CHECK_TEXT.get(param.check, 'valid')}"
             )
-        block = entry.get("block")
-        if block not in BLOCK_BUILDERS:
-            raise ConfigError(f"{where}: unknown block {block!r}; known blocks: {sorted(BLOCK_BUILDERS)}")
-        where = f"layer {index} ({block}) in {origin}"
-        sources = _resolve_sources(entry.get("from", -1), index, where)
-        repeats = entry.get("repeats", 1)
-        if not _is_int(repeats) or repeats < 1:
-            raise ConfigError(f"{where}: repeats must be a positive integer, got {repeats!r}")
-        args = entry.get("args", [])
-        if not isinstance(args, list):
-            raise ConfigError(f"{where}: args must be a list, got {args!r}")
-        channels = tuple(3 if s == INPUT else built[s][0].out_channels for s in sources)
-        strides = tuple(1.0 if s == INPUT else built[s][0].stride for s in sources)
-        result = BLOCK_BUILDERS[block](
-            _BlockInput(
-                where=where,
-                channels=channels,
-                strides=strides,
-                args=tuple(args),
-                repeats=max(round(repeats * gd), 1) if repeats > 1 else repeats,
-                width_multiple=float(gw),
-                nc=nc,
-                anchors=anchors,
-            )
-        )
-        spec = LayerSpec(
-            index=index,
-            sources=sources,
-            repeats=result.repeats,
-            block=block,
-            args=result.args,
-            out_channels=result.out_channels,
-            stride=result.stride,
-        )
-        built.append((spec, result.module))
-    if built[-1][0].block != "Detect" or any(spec.block == "Detect" for spec, _ in built[:-1]):
-        raise ConfigError(f"{origin}: the last layer, and only the last, must be Detect")
-    return built
+        bound[param.name] = value
+    return bound
+
+
+@dataclass(frozen=True)
+class _Layer:
+    spec: LayerSpec
+    module: nn.Module
+
+
+def _build_row(
+    index: int,
+    row: Any,
+    built: list[_Layer],
+    origin: str,
+    nc: int,
+    gd: float,
+    gw: float,
+    anchors: tuple | int,
+    activation: Callable[[], nn.Module] | None,
+) -> _Layer:
+    where = f"layer {index} in {origin}"
+    if not (isinstance(row, list | tuple) and len(row) == 4):
+        raise ConfigError(f"{where}: expected a row [from, number, module, args], got {row!r}")
+    source, number, name, raw_args = row
+    if not isinstance(name, str) or name not in MODULES:
+        raise ConfigError(f"{where}: unknown module {name!r}; known modules: {sorted(MODULES)}")
+    kind = MODULES[name]
+    where = f"layer {index} ({name}) in {origin}"
+    sources = _resolve_sources(source, index, where)
+    if not _positive_int(number):
+        raise ConfigError(f"{where}: number (repeats) must be a positive integer, got {number!r}")
+    if not isinstance(raw_args, list | tuple):
+        raise ConfigError(f"{where}: args must be a list, got {raw_args!r}")
+    args = [_resolve_arg(a, nc, anchors) for a in raw_args]
+    n = max(round(number * gd), 1) if number > 1 else number
+    channels = [3 if s == INPUT else built[s].spec.out_channels for s in sources]
+    strides = [1.0 if s == INPUT else built[s].spec.stride for s in sources]
+    if kind.kind not in ("concat", "detect") and len(sources) != 1:
+        raise ConfigError(f"{where}: takes one input, got {len(sources)}")
+
+    if kind.kind in ("channels", "csp"):
+        if not args or not _positive_int(args[0]):
+            raise ConfigError(f"{where}: args must start with the output channels, got {list(raw_args)}")
+        c1 = channels[0]
+        na = anchors if isinstance(anchors, int) else len(anchors[0]) // 2
+        c2 = args[0] if args[0] == na * (nc + 5) else _make_divisible(args[0] * gw)
+        leading = [c1, c2]
+        if kind.kind == "csp":
+            leading.append(n)
+            n_inside, n = n, 1
+        bound = _bind(kind, args, 1, where)
+        ctor_args, shown = (*leading, *bound.values()), (*leading, *args[1:])
+        if n > 1 and c1 != c2:
+            raise ConfigError(f"{where}: {n} repeats of a {c1}→{c2} channel block cannot be chained")
+        out_channels, stride = c2, strides[0] * float(kind.stride(bound)) ** n
+        repeats = n_inside if kind.kind == "csp" else n
+    elif kind.kind == "same":
+        bound = _bind(kind, args, 0, where)
+        ctor_args, shown = tuple(bound.values()), tuple(args)
+        out_channels, stride, repeats = channels[0], strides[0] * float(kind.stride(bound)) ** n, n
+    elif kind.kind == "concat":
+        if n != 1:
+            raise ConfigError(f"{where}: number must be 1, got {number}")
+        bound = _bind(kind, args, 0, where)
+        if len(set(strides)) != 1:
+            raise ConfigError(f"{where}: inputs have different strides {strides}")
+        ctor_args, shown = tuple(bound.values()), tuple(args)
+        out_channels, stride, repeats = sum(channels), strides[0], 1
+    else:  # detect
+        return _build_detect(index, sources, args, channels, strides, n, where, name)
+
+    def make() -> nn.Module:
+        module = kind.cls(*ctor_args)
+        if activation is not None:
+            for child in module.modules():
+                if isinstance(child, blocks.Conv) and child.activated:
+                    child.act = activation()
+        return module
+
+    module = make() if n == 1 else nn.Sequential(*(make() for _ in range(n)))
+    spec = LayerSpec(index, sources, repeats, name, shown, out_channels, stride)
+    return _Layer(spec, module)
+
+
+def _build_detect(
+    index: int,
+    sources: tuple[int, ...],
+    args: list,
+    channels: list[int],
+    strides: list[float],
+    n: int,
+    where: str,
+    name: str,
+) -> _Layer:
+    if n != 1 or len(args) != 2:
+        raise ConfigError(f"{where}: expected number 1 and args [nc, anchors], got {n} and {args}")
+    nc, anchors = args
+    if not _positive_int(nc):
+        raise ConfigError(f"{where}: nc must be a positive integer, got {nc!r}")
+    anchors = _check_anchors(anchors, where)
+    if isinstance(anchors, int):  # placeholders (0, 1, 2, ...) for AutoAnchor to replace, as the release
+        anchors = tuple(tuple(float(v) for v in range(2 * anchors)) for _ in sources)
+    if not 1 <= len(sources) <= 5 or len(anchors) != len(sources):
+        raise ConfigError(f"{where}: {len(anchors)} anchor rows for {len(sources)} inputs (1 to 5 levels)")
+    anchors = _anchor_order(anchors, strides)
+    module = Detect(nc, anchors, channels, strides)
+    ctor_args = (nc, [list(a) for a in anchors], list(channels))
+    return _Layer(LayerSpec(index, sources, 1, name, ctor_args, nc + 5, 0.0), module)
+
+
+def _anchor_order(anchors: tuple, strides: Sequence[float]) -> tuple:
+    """Levels' anchors reversed when their mean area runs against the strides (the release's check)."""
+    areas = [sum(r[i] * r[i + 1] for i in range(0, len(r), 2)) / (len(r) // 2) for r in anchors]
+    da, ds = areas[-1] - areas[0], strides[-1] - strides[0]
+    if da and ds and (da > 0) != (ds > 0):
+        return tuple(reversed(anchors))
+    return anchors
 
 
 def _resolve_sources(value: Any, index: int, where: str) -> tuple[int, ...]:
     """'from' (an int or a list; negative = relative to this layer) → absolute indices."""
-    items = value if isinstance(value, list) else [value]
+    items = value if isinstance(value, list | tuple) else [value]
     if not items or not all(_is_int(v) for v in items):
         raise ConfigError(f"{where}: 'from' must be a layer index or a list of them, got {value!r}")
     sources = tuple(index + v if v < 0 else v for v in items)
@@ -282,10 +533,63 @@ def _resolve_sources(value: Any, index: int, where: str) -> tuple[int, ...]:
     return sources
 
 
+def _build_layers(config: dict) -> list[_Layer]:
+    origin = config.get("name", "the model config")
+    nc, gd, gw = config["nc"], config["depth_multiple"], config["width_multiple"]
+    if not _positive_int(nc):
+        raise ConfigError(f"{origin}: nc must be a positive integer, got {nc!r}")
+    for key, value in (("depth_multiple", gd), ("width_multiple", gw)):
+        if not _is_number(value) or value <= 0:
+            raise ConfigError(f"{origin}: {key} must be a positive number, got {value!r}")
+    anchors = _check_anchors(config["anchors"], origin)
+    activation = None
+    if config.get("activation") is not None:
+        activation = parse_activation(config["activation"], f"{origin}: activation")
+    rows = []
+    for key in ("backbone", "head"):
+        if not isinstance(config[key], list):
+            raise ConfigError(f"{origin}: {key} must be a list of rows [from, number, module, args]")
+        rows += config[key]
+    if not rows:
+        raise ConfigError(f"{origin}: backbone and head hold no layers")
+    built: list[_Layer] = []
+    for index, row in enumerate(rows):
+        built.append(_build_row(index, row, built, origin, nc, gd, gw, anchors, activation))
+    if built[-1].spec.block != "Detect" or any(layer.spec.block == "Detect" for layer in built[:-1]):
+        raise ConfigError(f"{origin}: the last layer, and only the last, must be Detect")
+    return built
+
+
+def resolve_layers(config: dict) -> list[LayerSpec]:
+    """The config's layers, scaled and wired (their modules are built on the meta device and dropped)."""
+    with torch.device("meta"):
+        return [layer.spec for layer in _build_layers(load_model_config(config))]
+
+
+def _apply_activation_overrides(model: nn.Module, overrides: Any, origin: str) -> None:
+    """Set the activation modules a checkpoint's config lists by module path (e.g. an older release's
+    BottleneckCSP, whose own activation was LeakyReLU(0.1))."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{origin}: {ACTIVATION_OVERRIDES} must map module paths to activations")
+    for path, text in overrides.items():
+        factory = parse_activation(text, f"{origin}: {ACTIVATION_OVERRIDES}[{path!r}]")
+        parent_path, _, attr = str(path).rpartition(".")
+        try:
+            parent = model.get_submodule(parent_path)
+            current = getattr(parent, attr)
+        except AttributeError:
+            raise ConfigError(f"{origin}: {ACTIVATION_OVERRIDES}: the model has no module {path!r}") from None
+        if type(current).__name__ not in _ACTIVATIONS:
+            raise ConfigError(
+                f"{origin}: {ACTIVATION_OVERRIDES}: {path!r} is a {type(current).__name__}, not an activation"
+            )
+        setattr(parent, attr, factory())
+
+
 class DetectionModel(nn.Module):
     """A YOLOv5 detector: `model` (ModuleList of layers, so keys are `model.{i}...`) wired by `layers`.
 
-    Input: float images [B, 3, H, W] in [0, 1], H and W multiples of the largest stride (32).
+    Input: float images [B, 3, H, W] in [0, 1], H and W multiples of the largest stride (32, 64 for P6).
     Training: `forward(x)` → list of nl raw tensors [B, na, ny, nx, 5 + nc].
     Eval: → (pred [B, N, 5 + nc] with xywh in input pixels and sigmoid scores, raw list).
     """
@@ -295,7 +599,7 @@ class DetectionModel(nn.Module):
         self.cfg = config
         self.layers = layers
         self.model = nn.ModuleList(modules)
-        self.nc: int = config["nc"]
+        self.nc: int = self.detect.nc
         self.names: list[str] = [f"class{i}" for i in range(self.nc)]
         self.register_buffer("stride", torch.tensor(self.detect.strides), persistent=False)
         # outputs read later by a layer other than the next one must be kept during forward
@@ -318,13 +622,13 @@ class DetectionModel(nn.Module):
     def fuse(self) -> DetectionModel:
         """Fold every Conv's BatchNorm into its convolution, for inference. Returns self."""
         for module in self.modules():
-            if isinstance(module, Conv):
+            if isinstance(module, blocks.Conv):
                 module.fuse()
         return self
 
 
 def build_model(cfg: str | Path | dict, nc: int | None = None, anchors: Any = None) -> DetectionModel:
-    """Build a DetectionModel from a config name ("yolov5s", "yolov5s.yaml"), YAML path or dict, with
+    """Build a DetectionModel from a config name ("yolov5s", "yolov5s6.yaml"), YAML path or dict, with
     `nc` and `anchors` (pixel (w, h) pairs per level) overriding the config's. Detect biases get the
     from-scratch prior."""
     config = load_model_config(cfg)
@@ -333,6 +637,13 @@ def build_model(cfg: str | Path | dict, nc: int | None = None, anchors: Any = No
     if anchors is not None:
         config["anchors"] = anchors
     built = _build_layers(config)
-    model = DetectionModel(config, [spec for spec, _ in built], [module for _, module in built])
+    model = DetectionModel(config, [layer.spec for layer in built], [layer.module for layer in built])
+    if config.get(ACTIVATION_OVERRIDES):
+        _apply_activation_overrides(model, config[ACTIVATION_OVERRIDES], str(config.get("name")))
     model.detect.initialize_biases()
     return model
+
+
+def activation_names() -> frozenset[str]:
+    """The class names of the activations a config can name."""
+    return frozenset(_ACTIVATIONS)
