@@ -143,3 +143,29 @@ def test_malicious_pickle_is_refused_without_side_effects(tmp_path, payload):
     ):
         load_weights(path)
     assert not marker.exists()
+
+
+# --- checkpoints of our first config layout (`layers`, up to 0.1.0-1b6775095) -------------------------------
+SMDDP_V1 = Path(__file__).resolve().parents[1] / "fixtures" / "smddp_v1"
+
+
+def test_a_checkpoint_of_our_first_layout_loads_as_the_same_model(tmp_path):
+    """best.pt written by 1b67750's own code (config in `layers` rows) rebuilds as the same model: every
+    tensor of its state dict in place, the outputs it computed then, and a re-save in today's layout."""
+    path = SMDDP_V1 / "smddp-v1-layers_w0125.pt"
+    stored = torch.load(path, weights_only=True)
+    assert "layers" in stored["meta"]["cfg"]  # the fixture is the old layout
+    model = load_model(path)
+    assert set(model.state_dict()) == set(stored["state_dict"])
+    assert model.names == ["rectangle", "ellipse", "triangle"] and model.nc == 3
+    reference = torch.load(SMDDP_V1 / "smddp-v1-layers_w0125_output.pt", weights_only=True)
+    x = torch.linspace(0, 1, 3 * 64 * 64).reshape(reference["input_shape"])
+    with torch.no_grad():
+        out = model(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    ref = reference["output"]
+    assert out.shape == ref.shape
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    again = save_weights(tmp_path / "again.pt", model, meta={})
+    cfg = load_weights(again).cfg
+    assert "layers" not in cfg and cfg["backbone"][-1][2] == "SPPF" and cfg["head"][-1][2] == "Detect"

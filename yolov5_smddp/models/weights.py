@@ -138,9 +138,10 @@ def load_weights(path: str | Path) -> LoadedWeights:
         raise WeightsError(f"{path}: cannot be read as a PyTorch checkpoint ({exc})") from exc
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         meta = obj["meta"]
-        return LoadedWeights(
-            obj["state_dict"], meta.get("cfg"), meta.get("nc"), meta.get("names"), "yolov5-smddp", meta
-        )
+        cfg = meta.get("cfg")
+        if isinstance(cfg, dict) and "layers" in cfg:
+            cfg = config_from_first_layout(cfg, path)
+        return LoadedWeights(obj["state_dict"], cfg, meta.get("nc"), meta.get("names"), "yolov5-smddp", meta)
     if (
         isinstance(obj, dict)
         and obj
@@ -213,6 +214,45 @@ def transfer_state(
         copied_params=copied,
         total_params=sum(p.numel() for p in params.values()),
     )
+
+
+# Our first config layout (`layers`: {from, repeats, block, args}, up to 0.1.0-1b6775095), as written in the
+# checkpoints of those versions: block -> (the release's module name, its args from ours).
+_FIRST_LAYOUT_BLOCKS = {
+    "Conv": ("Conv", lambda args, cfg: list(args)),
+    "C3": ("C3", lambda args, cfg: list(args)),
+    "SPPF": ("SPPF", lambda args, cfg: list(args)),
+    "Upsample": ("nn.Upsample", lambda args, cfg: [None, *args]),
+    "Concat": ("Concat", lambda args, cfg: list(args)),
+    "Detect": ("Detect", lambda args, cfg: ["nc", "anchors"]),
+}
+
+
+def config_from_first_layout(cfg: dict, path: Path | str = "checkpoint") -> dict:
+    """A model config of our first layout (`layers` rows) in the release's format (`backbone` / `head`
+    rows [from, number, module, args]): the same layers, in the same order, with the same scaling rules,
+    so the same state dict keys and the same function. Checkpoints of earlier versions of this package
+    carry that layout. Raises WeightsError naming the row it cannot convert."""
+    rows = []
+    for index, entry in enumerate(cfg.get("layers") or []):
+        block = entry.get("block") if isinstance(entry, dict) else None
+        if block not in _FIRST_LAYOUT_BLOCKS:
+            raise WeightsError(
+                f"{path}: layer {index} of its model config ({entry!r}) is no block of this layout"
+            )
+        module, convert = _FIRST_LAYOUT_BLOCKS[block]
+        rows.append(
+            [entry.get("from", -1), entry.get("repeats", 1), module, convert(entry.get("args", []), cfg)]
+        )
+    if not rows:
+        raise WeightsError(f"{path}: its model config has an empty `layers` list")
+    # the split is only for reading: the layer index runs on through both lists (the release's P5 yamls
+    # end the backbone at SPPF)
+    sppf = [i for i, row in enumerate(rows) if row[2] == "SPPF"]
+    split = sppf[-1] + 1 if sppf else len(rows) - 1
+    converted = {k: v for k, v in cfg.items() if k != "layers"}
+    converted.update(backbone=rows[:split], head=rows[split:])
+    return converted
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> DetectionModel:
