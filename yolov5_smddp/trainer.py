@@ -1014,4 +1014,4 @@ def write_final_outputs(
             dirs.model_dir,
             weights_from,
         )
-    log.info("done: %s", json.dumps(summary["final"]))
+    log.info("%s: %s", "done" if outcome.stopped is None else "stopped", json.dumps(summary["final"]))
