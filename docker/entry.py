@@ -71,7 +71,11 @@ RELAYS = frozenset(
 def is_relay(argv: list[str]) -> bool:
     """Whether the process with command line `argv` is one of RELAYS (as the program or the script an
     interpreter runs: `python3 /usr/local/bin/torchrun ...`), or has no command line (a kernel thread)."""
-    return not argv or any(os.path.basename(a) in RELAYS for a in argv[:2])
+    return (
+        not argv
+        or any(os.path.basename(a) in RELAYS for a in argv[:2])
+        or argv[1:3] == ["-m", "torch.distributed.run"]  # torchrun spelled as a module
+    )
 
 
 def training_processes(spared: set[int]) -> list[int]:

@@ -24,6 +24,7 @@ def entry():
         (["mpirun", "--host", "algo-1:8,algo-2:8", "-np", "16", "smddprun", "python", "-m", "mpi4py"], True),
         (["/opt/amazon/openmpi/bin/orted", "-mca", "ess", "env"], True),
         (["/usr/bin/python3", "/usr/local/bin/torchrun", "--nnodes", "2", "entrypoint.py"], True),
+        (["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node", "8", "entrypoint.py"], True),
         (["/usr/sbin/sshd", "-D"], True),
         ([], True),  # no command line: a kernel thread or a zombie
         # the training processes: they write the checkpoint and the model folder
