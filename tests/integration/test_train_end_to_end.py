@@ -248,6 +248,30 @@ def test_sigterm_in_the_first_epoch_leaves_a_model_folder_with_the_last_weights(
     assert floats and all(torch.equal(best[k], ema[k].half()) for k in floats)
 
 
+def test_sigterm_while_the_job_is_set_up_stops_it_at_its_first_step(tmp_path):
+    """A SIGTERM before any training (the model is being built, the loaders started) is caught too: the
+    run stops at its first step with a checkpoint and a model folder, instead of dying without either."""
+    data = _tiny_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4")
+    proc = subprocess.Popen(
+        [*cmd, "--log-every", "1"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("backend="):  # the first line of the run, before the model exists
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert proc.returncode == 143, output[-3000:]
+    assert "interrupted in epoch 1" in output and "Traceback" not in output
+    assert "epoch=1 step=2 " not in output  # stopped at its first step
+    metrics = _assert_stopped_model_folder(out / "model", "in epoch 1", "last", tmp_path)
+    assert metrics["epochs"] == 0
+
+
 def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
     common = (
