@@ -11,11 +11,14 @@
   /opt/ml/{model,output,checkpoints} is handed back to that host user when it ends (sagemaker/handback.py);
   SageMaker never sets it.
 
-As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, `docker stop`) on to the
-training processes — the toolkit does not forward signals to its program — so the trainer can write its
-checkpoint before SageMaker's SIGKILL 120 s later. The toolkit itself and the base entrypoint's shell are
-spared: the toolkit relays the program's output and reports its exit code, and killing it would cut the
-program's stdout.
+As PID 1 it also passes SIGTERM/SIGINT (StopTrainingJob, spot interruption, max_run, `docker stop`) on to
+the training processes — the toolkit does not forward signals to its program — so the trainer can write its
+checkpoint and the model folder before SageMaker's SIGKILL 120 s later. Spared (`RELAYS`): the toolkit and
+the base entrypoint's shell (the toolkit relays the program's output and reports its exit code; killing it
+would cut the program's stdout), and the launchers between the toolkit and the ranks (mpirun/orted,
+smddprun, torchrun, sshd): each would turn the signal into a SIGKILL of its ranks after its own short
+grace (Open MPI seconds, torchrun 30 s), while the ranks here get the signal directly anyway. DataLoader
+workers get it too and ignore it (yolov5_smddp.data.loader): their trainer ends them.
 """
 
 import contextlib
@@ -62,8 +65,24 @@ def prepare_train(args: list[str]) -> list[str]:
     return ["train"]
 
 
+RELAYS = frozenset(
+    {"train", "mpirun", "mpiexec", "orterun", "prterun", "orted", "prted", "smddprun", "torchrun", "sshd"}
+)
+"""Programs that start or relay the training processes (see the module docstring): never signalled."""
+
+
+def is_relay(argv: list[str]) -> bool:
+    """Whether the process with command line `argv` is one of RELAYS (as the program or the script an
+    interpreter runs: `python3 /usr/local/bin/torchrun ...`), or has no command line (a kernel thread)."""
+    return (
+        not argv
+        or any(os.path.basename(a) in RELAYS for a in argv[:2])
+        or argv[1:3] == ["-m", "torch.distributed.run"]  # torchrun spelled as a module
+    )
+
+
 def training_processes(spared: set[int]) -> list[int]:
-    """Pids in this container other than PID 1, `spared`, and the toolkit's `train` processes."""
+    """Pids in this container other than PID 1, `spared`, and RELAYS."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in spared or int(entry) in (1, os.getpid()):
@@ -73,7 +92,7 @@ def training_processes(spared: set[int]) -> list[int]:
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         except OSError:
             continue  # gone already
-        if not argv or any(os.path.basename(a) == "train" for a in argv[:2]):
+        if is_relay(argv):
             continue
         pids.append(int(entry))
     return pids

@@ -152,7 +152,9 @@ def run_elastic(
     _static_store_honours_use_libuv(environ)
     program, args = worker_command(train_args)
     try:
-        with _process_environment(environ):  # torch's agent gives its workers a copy of os.environ
+        # torch's agent gives its workers a copy of os.environ; after a SIGTERM it waits SIGTERM_GRACE_S
+        # for them (their checkpoint and model folder), not its own 30 s
+        with _process_environment(environ), _workers_get_the_stop_window():
             elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
     except SignalException:
         return EXIT_INTERRUPTED
@@ -170,6 +172,39 @@ def run_elastic(
             failure.exitcode,
         ) from exc
     return 0
+
+
+SIGTERM_GRACE_S = 115.0
+"""How long the elastic agent waits for its workers after a SIGTERM before it kills them: SageMaker's
+SIGKILL comes 120 s after its SIGTERM."""
+
+
+@contextmanager
+def _workers_get_the_stop_window() -> Iterator[None]:
+    """Inside the block, torch's elastic agent, once it has received SIGTERM itself, waits up to
+    SIGTERM_GRACE_S for its workers before SIGKILL (torch's default: 30 s, too short for a checkpoint and
+    the model folder). A shutdown after a failed worker keeps torch's 30 s."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    original_handler, original_close = api._terminate_process_handler, api.PContext.close
+    received: list[int] = []
+
+    def handler(signum, frame) -> None:
+        received.append(signum)
+        original_handler(signum, frame)
+
+    def close(self, death_sig=None, timeout: int = 30) -> None:
+        if signal.SIGTERM in received:
+            timeout = max(timeout, SIGTERM_GRACE_S)
+        original_close(self, death_sig, timeout)
+
+    api._terminate_process_handler, api.PContext.close = handler, close
+    try:
+        yield
+    finally:
+        api._terminate_process_handler, api.PContext.close = original_handler, original_close
 
 
 @contextmanager

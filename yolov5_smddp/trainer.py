@@ -57,7 +57,7 @@ from yolov5_smddp.models.autoanchor import autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import load_model_config
-from yolov5_smddp.serving import write_serving_files
+from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.valshard import split_summary
 
@@ -361,13 +361,25 @@ def open_tensorboard(folder: Path | None):
     return SummaryWriter(str(folder))
 
 
+STOP_WINDOW_S = 120.0
+"""SageMaker's SIGKILL follows its SIGTERM (StopTrainingJob, spot interruption, MaxRuntimeExceeded) after
+this many seconds."""
+
+
 class _StopOnSigterm:
-    """SIGTERM (spot interruption, StopTrainingJob: SIGKILL follows 120 s later) sets a flag; the loop
-    finishes its step, writes a checkpoint and returns."""
+    """SIGTERM (spot interruption, StopTrainingJob, max_run: SIGKILL follows 120 s later) sets a flag; the
+    loop finishes its step, writes a checkpoint, then the model folder (see `write_final_outputs`)."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.signalled_at: float | None = None
         self._previous = None
+
+    def time_left(self) -> float | None:
+        """Seconds until SIGKILL after the SIGTERM (None before one)."""
+        if self.signalled_at is None:
+            return None
+        return STOP_WINDOW_S - (time.monotonic() - self.signalled_at)
 
     def __enter__(self) -> _StopOnSigterm:
         try:
@@ -378,8 +390,10 @@ class _StopOnSigterm:
 
     def _handle(self, signum, frame) -> None:
         if not self.requested:
+            self.signalled_at = time.monotonic()
             print(
-                "SIGTERM received: finishing the current step, then writing a checkpoint and exiting",
+                "SIGTERM received: finishing the current step, then writing a checkpoint and the model "
+                "folder and exiting",
                 flush=True,
             )
         self.requested = True
@@ -691,6 +705,9 @@ def end_epoch(
 @dataclass
 class EpochsOutcome:
     interrupted: bool = False
+    """SIGTERM stopped the epochs before the last one ended (the run exits EXIT_INTERRUPTED)."""
+    stopped: str | None = None
+    """where a SIGTERM stopped the run ("in epoch 3", "after epoch 2", "in the final validation")."""
     final_metrics: DetectionMetrics | None = None
     throughputs: list[dict[str, float]] = field(default_factory=list)
 
@@ -756,7 +773,7 @@ def run_epochs(
                     checkpoint.interrupted_message(f"in epoch {epoch + 1}", run.dirs.checkpoint_dir),
                     flush=True,
                 )
-            outcome.interrupted = True
+            outcome.interrupted, outcome.stopped = True, f"in epoch {epoch + 1}"
             break
         outcome.throughputs.append(result.throughput)
         if budget is not None:
@@ -802,7 +819,7 @@ def run_epochs(
                     checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir),
                     flush=True,
                 )
-            outcome.interrupted = True
+            outcome.interrupted, outcome.stopped = True, f"after epoch {epoch + 1}"
             break
         if stop_early:
             if main:
@@ -814,6 +831,8 @@ def run_epochs(
         # the final numbers are best.pt's (every rank, sharded), not the last epoch's
         best_metrics = validate_best(run, val_loader, should_stop=lambda: stop.requested)
         outcome.final_metrics = best_metrics if best_metrics is not None else outcome.final_metrics
+        if stop.requested:
+            outcome.stopped = "in the final validation"
         if main and stop.requested:
             log.warning(
                 "SIGTERM after the last epoch: %s; writing the final outputs now",
@@ -857,7 +876,14 @@ def report_per_class(
 
 
 def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> int:
-    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM."""
+    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
+    SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
+    job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
+    with _StopOnSigterm() as stop:
+        return _train(config, info, dirs, stop)
+
+
+def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, stop: _StopOnSigterm) -> int:
     started = time.perf_counter()
 
     # -- decisions: every config problem fails here, before any work
@@ -937,15 +963,14 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
     tracking = (
         mlflow_log.start({**config.to_dict(), "hyp": run.hyp}, run_name=config.run_name) if run.main else None
     )
-    # SIGTERM (spot, StopTrainingJob) stays caught to the end: after the last epoch the final outputs are
-    # still written (seconds), well within the 120 s before SIGKILL
-    with _StopOnSigterm() as stop:
-        outcome = run_epochs(run, state, step, train_loader, val_loader, bundle, stop, tracking)
-        if run.main and not outcome.interrupted:
-            write_final_outputs(run, state, outcome, started)
-        if tracking is not None:  # after best.pt is written: it is one of the artefacts
-            tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
-        distributed.barrier()
+    # after a SIGTERM too, rank 0 writes the model folder (best so far) within the 120 s before SIGKILL,
+    # while the other ranks wait in the barrier
+    outcome = run_epochs(run, state, step, train_loader, val_loader, bundle, stop, tracking)
+    if run.main:
+        write_final_outputs(run, state, outcome, started, time_left=stop.time_left)
+    if tracking is not None:  # after best.pt is written: it is one of the artefacts
+        tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
+    distributed.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
@@ -990,18 +1015,26 @@ def validate(
     )
 
 
-def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOutcome, started: float) -> None:
-    """best EMA weights (float16, our format), the serving files (best.torchscript/.onnx, code/), resolved
-    config and metrics.json in model_dir."""
+def write_final_outputs(
+    run: Run,
+    state: checkpoint.RunState,
+    outcome: EpochsOutcome,
+    started: float,
+    time_left: Callable[[], float | None] | None = None,
+) -> None:
+    """model_dir after the last epoch and after a SIGTERM alike, the cheap files first: best.pt (the best
+    checkpoint's EMA weights; the current EMA when no validation has improved yet; float16, our format),
+    code/inference.py, config.json (resolved config), metrics.json, then the exports (best.torchscript,
+    best.onnx) while `time_left()` (seconds until SIGKILL after a SIGTERM) allows."""
     config, info, dirs, ema = run.config, run.info, run.dirs, run.stack.ema
     best_path = dirs.checkpoint_dir / checkpoint.BEST
+    weights_from = "last"
     if best_path.is_file():
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
+        weights_from = "best"
     meta = {"train_config": config.to_dict(), "hyp": run.hyp, "epochs_trained": len(state.history)}
     save_weights(dirs.model_dir / "best.pt", ema.module, meta=meta, half=True)
-    # best.torchscript (+ best.onnx) and code/: seconds of CPU work, while the other ranks wait in the
-    # final barrier (its timeout is --dist-timeout, 1800 s by default)
-    write_serving_files(dirs.model_dir, ema.module, config.imgsz)
+    write_handler(dirs.model_dir)
     write_json(
         dirs.model_dir / "config.json",
         {
@@ -1033,6 +1066,19 @@ def write_final_outputs(run: Run, state: checkpoint.RunState, outcome: EpochsOut
         "wall_seconds": time.perf_counter() - started,
         "weights": str(dirs.model_dir / "best.pt"),
         "weights_precision": "float16",
+        "weights_from": weights_from,
+        "interrupted": outcome.stopped is not None,
+        "stopped": outcome.stopped,
     }
     write_json(dirs.model_dir / "metrics.json", summary)
-    log.info("done: %s", json.dumps(summary["final"]))
+    # best.torchscript (+ best.onnx): seconds of CPU work, while the other ranks wait in the final barrier
+    # (its timeout is --dist-timeout, 1800 s by default); after a SIGTERM only while the window allows
+    write_serving_files(dirs.model_dir, ema.module, config.imgsz, time_left=time_left)
+    if outcome.stopped is not None:
+        log.info(
+            "model folder written after the SIGTERM %s: %s (best.pt: %s weights)",
+            outcome.stopped,
+            dirs.model_dir,
+            weights_from,
+        )
+    log.info("%s: %s", "done" if outcome.stopped is None else "stopped", json.dumps(summary["final"]))

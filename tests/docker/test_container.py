@@ -102,19 +102,67 @@ def test_unknown_hyperparameter_stops_the_job_before_any_work(image: str, tmp_pa
     assert first.startswith("Invalid hyperparameter or option: ") and "--epochz" in first
 
 
-def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_path: Path, engine: Engine):
-    hps = {**TINY_HPS, "epochs": "50"}
-    root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=hps, channels=("training",))
+def stop_mid_training(engine: Engine, image: str, root: Path, dataset: Path) -> str:
+    """Start the job of the /opt/ml tree `root`, `docker stop -t 120` it (StopTrainingJob, max_run, a spot
+    interruption: SIGTERM, SIGKILL 120 s later) once epoch 1 is validated and epoch 2 under way, and check
+    what every stopped job must show: it ended within the window, exiting as a stopped job does under the
+    toolkit (1, its code for any failed program; entrypoint.py's own 143 is in the log), said so in one
+    line, without a traceback and without blaming memory for its loader workers, and left a checkpoint and
+    a complete model folder. Returns the log."""
     job = engine.start(image, "train", hostname="algo-1", mounts=opt_ml_mounts(root, {"training": dataset}))
-    wait_for_log(job, "epoch=2", timeout=600)
-    job.stop(timeout=90)  # SIGTERM, as StopTrainingJob / a spot interruption sends it
+    wait_for_log(job, "epoch=2 step=1 ", timeout=600)
+    job.stop(timeout=120)
     job.reload()
     state = job.attrs["State"]
     log = logs(job)
-    assert state["ExitCode"] != 0 and not state["OOMKilled"], log[-4000:]
+    assert state["ExitCode"] == 1 and not state["OOMKilled"], log[-4000:]
+    assert "Encountered exit_code 1" in log and "ExitCode 143" in log  # the toolkit's report of our 143
     assert "SIGTERM received" in log
+    assert "Traceback" not in log and "LoaderWorkerDied" not in log and "/dev/shm" not in log, log[-6000:]
+    assert len([line for line in log.splitlines() if "STOPPED: " in line]) == 1, log[-4000:]
     assert (root / "checkpoints" / "last.pt").is_file(), log[-4000:]
-    assert "stopped by SIGTERM" in (root / "output" / "failure").read_text()
+    failure = (root / "output" / "failure").read_text()
+    assert failure.startswith("Training was stopped by SIGTERM") and "Traceback" not in failure
+    model = root / "model"
+    files = sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file())
+    assert files == [
+        "best.onnx",
+        "best.pt",
+        "best.torchscript",
+        "code/inference.py",
+        "config.json",
+        "metrics.json",
+    ], files
+    metrics = json.loads((model / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["weights_from"] == "best", metrics
+    assert re.fullmatch(r"(in|after) epoch \d+", metrics["stopped"]) and metrics["epochs"] >= 1, metrics
+    return log
+
+
+def test_sigterm_leaves_a_model_folder_and_a_resumable_checkpoint(
+    image: str, dataset: Path, tmp_path: Path, engine: Engine
+):
+    """A stopped job with loader workers (see stop_mid_training): its best.pt predicts, and the same job
+    again resumes from its checkpoint."""
+    hps = {**TINY_HPS, "epochs": "50", "workers": "2"}
+    root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=hps, channels=("training",))
+    log = stop_mid_training(engine, image, root, dataset)
+    model = root / "model"
+    # best.pt loads and predicts, in a second container
+    image_file = sorted((dataset / "images" / "val").iterdir())[0]
+    out = tmp_path / "predicted"
+    out.mkdir()
+    predicted = engine.run(
+        image,
+        ["predict", "--weights", "/opt/ml/model/best.pt", "--source", f"/d/images/val/{image_file.name}"]
+        + ["--out", "/out", "--imgsz", "64", "--conf", "0.001"],
+        entrypoint="yolov5-smddp",
+        mounts=[bind(model, "/opt/ml/model", read_only=True), bind(dataset, "/d", read_only=True)]
+        + [bind(out, "/out")],
+    )
+    assert predicted.code == 0, predicted.log[-4000:]
+    answer = json.loads((out / f"{image_file.stem}.json").read_text())
+    assert answer["width"] > 0 and isinstance(answer["detections"], list), answer
 
     # the same job again (as a restarted spot job), shortened to end one epoch after the interrupted one:
     # it resumes from /opt/ml/checkpoints. SIGTERM during an epoch's steps restarts that epoch ("in epoch E");
@@ -131,3 +179,15 @@ def test_sigterm_leaves_a_resumable_checkpoint(image: str, dataset: Path, tmp_pa
     assert run.code == 0, log[-4000:]
     assert "resuming from /opt/ml/checkpoints/last.pt" in log
     assert (root / "model" / "best.pt").is_file()
+
+
+def test_sigterm_stops_two_ranks_under_the_elastic_launcher(
+    image: str, dataset: Path, tmp_path: Path, engine: Engine
+):
+    """Two ranks on one host (the entrypoint's own elastic launcher, gloo), loader workers on each: the
+    agent waits for its ranks, rank 0 writes the model folder while rank 1 waits, nobody hangs."""
+    hps = {**TINY_HPS, "epochs": "50", "workers": "1", "nproc-per-node": "2", "batch-size": "4"}
+    root = opt_ml_tree(tmp_path / "ml", host="algo-1", hosts=["algo-1"], hps=hps, channels=("training",))
+    log = stop_mid_training(engine, image, root, dataset)
+    assert "launch: elastic, 1 host(s) x 2 worker(s)" in log
+    assert json.loads((root / "model" / "config.json").read_text())["world_size"] == 2

@@ -2,7 +2,11 @@
 resume of that checkpoint on a different world size (one process)."""
 
 import csv
+import json
+import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,3 +109,61 @@ def test_two_ranks_agree_on_the_time_budgets_plan(tmp_path, data):
     assert "backend=gloo world_size=2" in proc.stdout and "3 epochs in all (was 10)" in proc.stdout
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 3)
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The training ranks a launcher started (its children running the trainer), not their loader
+    workers (the ranks' own children)."""
+    ranks = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher and b"yolov5_smddp.commands.train" in cmdline:
+            ranks.append(int(entry.name))
+    return ranks
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_a_stop_of_two_ranks_leaves_the_model_folder(tmp_path, data, launcher):
+    """SIGTERM to both ranks mid-training, as the container's PID 1 sends it (the launcher spared): rank
+    0 writes the checkpoint and the whole model folder while rank 1 waits, both exit 143, nobody hangs,
+    and the loader workers (one per rank) are not reported dead."""
+    if launcher == "mpirun" and shutil.which("mpirun") is None:
+        pytest.skip("needs Open MPI's mpirun")
+    out = tmp_path / "run"
+    options = _options(out, data, "--backend", "gloo", "--epochs", "30", "--workers", "1", "--log-every", "1")
+    launch = (torchrun if launcher == "torchrun" else mpirun)([*_train_module(), *options])
+    proc = subprocess.Popen(
+        launch.cmd, env=launch.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "epoch=2 step=1 " in line:
+            ranks = _ranks_of(proc.pid)
+            assert len(ranks) == 2, "".join(seen)[-3000:]
+            for pid in ranks:
+                os.kill(pid, signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert proc.returncode != 0, output[-3000:]  # the launcher reports its ranks' 143
+    assert "LoaderWorkerDied" not in output and "/dev/shm" not in output, output[-3000:]
+    assert output.count("model folder written after the SIGTERM") == 1, output[-3000:]
+    model = out / "model"
+    files = sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file())
+    assert files == [
+        "best.onnx",
+        "best.pt",
+        "best.torchscript",
+        "code/inference.py",
+        "config.json",
+        "metrics.json",
+    ], output[-3000:]
+    metrics = json.loads((model / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["world_size"] == 2 and metrics["weights_from"] == "best"

@@ -181,6 +181,95 @@ def _tiny_dataset(root: Path) -> Path:
     return make_default_dataset(root, n_train=64, n_val=8, imgsz=128, seed=1)
 
 
+def _assert_stopped_model_folder(model_dir: Path, stopped: str, weights_from: str, tmp_path: Path) -> dict:
+    """The model folder a stopped job leaves: best.pt that loads and predicts, the handler, config.json,
+    metrics.json saying where the stop came, and (time allowing: here plenty) the exports."""
+    files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
+    assert files == [
+        "best.onnx",
+        "best.pt",
+        "best.torchscript",
+        "code/inference.py",
+        "config.json",
+        "metrics.json",
+    ], files
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert (metrics["interrupted"], metrics["stopped"], metrics["weights_from"]) == (
+        True,
+        stopped,
+        weights_from,
+    )
+    assert json.loads((model_dir / "config.json").read_text())["train_config"]["imgsz"] == 64
+    image = tmp_path / "scene.jpg"
+    cv2.imwrite(str(image), cv2.imread(str(sorted((tmp_path / "data").rglob("*.jpg"))[0])))
+    predicted = subprocess.run(
+        [sys.executable, "-m", "yolov5_smddp", "predict", "--weights", str(model_dir / "best.pt")]
+        + ["--source", str(image), "--out", str(tmp_path / "pred"), "--imgsz", "64", "--conf", "0.001"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert predicted.returncode == 0, predicted.stdout[-2000:] + predicted.stderr[-2000:]
+    answer = json.loads((tmp_path / "pred" / "scene.json").read_text())
+    height, width = cv2.imread(str(image)).shape[:2]
+    assert (answer["width"], answer["height"]) == (width, height) and isinstance(answer["detections"], list)
+    return metrics
+
+
+def test_sigterm_in_the_first_epoch_leaves_a_model_folder_with_the_last_weights(tmp_path):
+    """Stopped before any validation: best.pt holds the EMA weights of the stop (those of last.pt), and
+    the folder is complete; the job exits 143 (resumable)."""
+    data = _tiny_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4")
+    proc = subprocess.Popen(
+        [*cmd, "--log-every", "1"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("epoch=1 step=3 "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert proc.returncode == 143, output[-3000:]
+    assert "interrupted in epoch 1" in output and "Traceback" not in output
+    metrics = _assert_stopped_model_folder(out / "model", "in epoch 1", "last", tmp_path)
+    assert metrics["epochs"] == 0 and metrics["final"] is None
+    assert not (out / "ckpt" / "best.pt").exists()
+    # best.pt is the stop's EMA, the one last.pt holds (rounded to float16 as best.pt stores it)
+    best = torch.load(out / "model" / "best.pt", weights_only=True)["state_dict"]
+    ema = torch.load(out / "ckpt" / "last.pt", weights_only=True)["ema"]["state_dict"]
+    floats = [k for k, v in best.items() if v.is_floating_point()]
+    assert floats and all(torch.equal(best[k], ema[k].half()) for k in floats)
+
+
+def test_sigterm_while_the_job_is_set_up_stops_it_at_its_first_step(tmp_path):
+    """A SIGTERM before any training (the model is being built, the loaders started) is caught too: the
+    run stops at its first step with a checkpoint and a model folder, instead of dying without either."""
+    data = _tiny_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4")
+    proc = subprocess.Popen(
+        [*cmd, "--log-every", "1"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("backend="):  # the first line of the run, before the model exists
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(seen) + rest
+    assert proc.returncode == 143, output[-3000:]
+    assert "interrupted in epoch 1" in output and "Traceback" not in output
+    assert "epoch=1 step=2 " not in output  # stopped at its first step
+    metrics = _assert_stopped_model_folder(out / "model", "in epoch 1", "last", tmp_path)
+    assert metrics["epochs"] == 0
+
+
 def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
     common = (
@@ -228,6 +317,10 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
     assert "interrupted after epoch 1" in output or "interrupted in epoch 2" in output
     state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
     assert state["epoch"] == 1  # resume runs epoch index 1 = epoch 2 next
+    # epoch 1 was validated: best.pt is the best checkpoint's
+    stopped = "after epoch 1" if "interrupted after epoch 1" in output else "in epoch 2"
+    metrics = _assert_stopped_model_folder(run_dir / "model", stopped, "best", tmp_path)
+    assert metrics["epochs"] == 1 and metrics["final"] is not None
     assert not [p for p in (run_dir / "ckpt").iterdir() if p.name.endswith(".tmp")]
 
     resumed = subprocess.run(
@@ -266,7 +359,14 @@ def test_sigterm_after_the_last_epoch_still_writes_the_model(tmp_path):
     assert "SIGTERM received" in output
     assert "SIGTERM after the last epoch" in output
     assert torch.load(out / "model" / "best.pt", weights_only=True)
-    assert json.loads((out / "model" / "metrics.json").read_text())["epochs"] == 1
+    metrics = json.loads((out / "model" / "metrics.json").read_text())
+    assert metrics["epochs"] == 1
+    assert (metrics["interrupted"], metrics["stopped"], metrics["weights_from"]) == (
+        True,
+        "in the final validation",
+        "best",
+    )
+    assert (out / "model" / "code" / "inference.py").is_file() and (out / "model" / "config.json").is_file()
 
 
 def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -152,6 +153,47 @@ def test_a_worker_killed_with_sigkill_ends_the_pass_with_the_explanation(tmp_pat
     assert (
         "/dev/shm: " in message and " total, " in message and "Memory: " in message and "available" in message
     )
+
+
+def test_a_worker_ended_by_sigterm_is_a_stop_not_a_memory_problem():
+    error = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+    explained = explain_worker_failure(error, CONTEXT, FIGURES)
+    assert isinstance(explained, LoaderWorkerDied)
+    assert str(explained) == (
+        "a DataLoader worker of rank 3 was ended by SIGTERM from outside the trainer: DataLoader worker "
+        "(pid 4242) is killed by signal: Terminated. The job is being stopped (docker stop, StopTrainingJob, "
+        "a spot interruption) or another process sent it; this is not a memory problem."
+    )
+
+
+def test_loader_workers_outlive_a_sigterm_from_outside(tmp_path):
+    """A stop sends SIGTERM to every process (the container's PID 1, torch's launchers): the workers
+    ignore it and the pass goes on; the trainer, which got it too, ends them itself."""
+    root = tmp_path / "data"
+    make_default_dataset(root, n_train=24, n_val=0, imgsz=96)
+    watch(root)
+    index = build_label_index(
+        [root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c", workers=1
+    )
+    ds = YoloDataset(index, 64, augment=True, hyp={})
+    loader = build_dataloader(
+        ds, batch_size=2, rank=0, world_size=1, workers=2, shuffle=True, seed=0, drop_last=True
+    )
+    batches = iter(loader)
+    next(batches)
+    workers = list(loader._iterator._workers)
+    # sent by another process, as docker/entry.py sends it (torch's worker handler tells its parent apart)
+    subprocess.run(["kill", "-TERM", *(str(w.pid) for w in workers)], check=True)
+    time.sleep(1.0)
+    assert len(list(batches)) == 11  # the rest of the pass
+    assert [w.exitcode for w in workers] == [None, None]  # alive (persistent workers)
+    assert len(list(loader)) == 12  # and the next pass
+    # the trainer's own SIGTERM (multiprocessing's terminate(), torch's and Python's last resort at exit)
+    # still ends them at once
+    for w in workers:
+        w.terminate()
+        w.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]
 
 
 @pytest.mark.parametrize(

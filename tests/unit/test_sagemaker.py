@@ -346,3 +346,21 @@ def test_a_channel_of_images_and_one_coco_json_needs_no_data_yaml(tmp_path):
     assert config.names == ["three", "seven", "ninety"]
     check_dataset(out, env, cache_dir=env.cache_dir, max_pixels=2**27)  # both JSONs index
     assert sorted(p.name for p in env.cache_dir.glob("*.cocoindex.npz")) and not list(train.glob("*.npz"))
+
+
+def test_a_stop_by_sigterm_is_one_line_and_the_reason_no_traceback(tmp_path, monkeypatch, caplog):
+    """The trainer returns 143 after a SIGTERM (checkpoint and model folder written): the entrypoint
+    exits 143 with one STOPPED line, and the failure file says what the folders hold; no traceback."""
+    from yolov5_smddp.sagemaker import driver
+
+    _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
+    monkeypatch.setattr(driver, "train_main", lambda argv, info: 143)
+    caplog.set_level("INFO")
+    assert main(["--epochs", "1", "--cfg", "yolov5n"], environ={"SAGEMAKER_BASE_DIR": str(tmp_path)}) == 143
+    stopped = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]
+    assert len(stopped) == 1 and stopped[0].startswith("STOPPED: Training was stopped by SIGTERM"), stopped
+    assert not [r for r in caplog.records if "Traceback" in r.getMessage() or r.exc_info]
+    failure = (tmp_path / "output" / "failure").read_text()
+    assert failure.startswith("Training was stopped by SIGTERM") and "Traceback" not in failure
+    assert f"{tmp_path / 'model'} holds the model so far" in failure
+    assert f"the last checkpoint is in {tmp_path / 'checkpoints'}" in failure

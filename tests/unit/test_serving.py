@@ -184,6 +184,30 @@ def test_a_failing_onnx_export_leaves_a_folder_that_deploys(tmp_path, monkeypatc
     assert "best.onnx not written (RuntimeError: exporter bug)" in caplog.text
 
 
+def test_after_a_sigterm_exports_are_written_only_while_the_window_allows(tmp_path, caplog):
+    """The handler always; each export (cheapest first) only with EXPORT_MARGIN_S left before SIGKILL,
+    the skipped ones named in one line."""
+    from yolov5_smddp.serving import EXPORT_MARGIN_S
+
+    model = build_model("yolov5n", nc=2)
+    clock = iter([EXPORT_MARGIN_S + 1, EXPORT_MARGIN_S - 1])  # seconds left, asked before each export
+    with caplog.at_level(logging.WARNING):
+        written = write_model_folder(tmp_path / "a", model, 64, time_left=lambda: next(clock))
+    assert sorted(written) == ["handler", "torchscript"]
+    assert sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file()) == [
+        "best.torchscript",
+        "code/inference.py",
+    ]
+    assert "model folder: best.onnx skipped: 29 s left before SIGKILL" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        written = write_model_folder(tmp_path / "b", model, 64, time_left=lambda: 3.0)
+    assert sorted(written) == ["handler"]
+    assert "model folder: best.torchscript, best.onnx skipped: 3 s left" in caplog.text
+    written = write_model_folder(tmp_path / "c", model, 64, time_left=lambda: None)  # no SIGTERM
+    assert sorted(written) == ["handler", "onnx", "torchscript"]
+
+
 # --- limits: decompression bombs are refused before anything is decoded --------------------------------------
 
 BOMB_SIDE = (

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import signal
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -134,11 +137,34 @@ def collate(
     return images, targets, paths, shapes, color
 
 
+def obey_only_the_trainers_sigterm() -> None:
+    """In a loader worker: a SIGTERM from the trainer (its parent: multiprocessing's terminate()) ends
+    the worker at once, as torch's own handler does; one from anyone else is ignored.
+
+    A stop (docker stop, StopTrainingJob, max_run) sends SIGTERM to every process: the container's PID 1
+    (docker/entry.py) and torch's launchers (killpg of each rank's process group) alike. torch's handler
+    dies of such a signal, and the trainer, which is still finishing its step, its checkpoint and its
+    model folder, would report a dead worker. So SIGTERM is blocked in this thread (and the threads it
+    starts) and a watcher thread takes it with sigwaitinfo, which names the sender."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def watch() -> None:
+        while True:
+            info = signal.sigwaitinfo({signal.SIGTERM})
+            if info.si_pid == os.getppid():
+                os._exit(0)
+
+    threading.Thread(target=watch, name="sigterm-from-trainer", daemon=True).start()
+
+
 def _worker_init(worker_id: int) -> None:
     import cv2
 
     from yolov5_smddp import hostmem
 
+    obey_only_the_trainers_sigterm()
     cv2.setNumThreads(0)  # one OpenCV thread per worker: workers are the parallelism
     hostmem.tune_malloc()  # inherited when forked; needed when spawned
     seed = torch.initial_seed() % 2**32

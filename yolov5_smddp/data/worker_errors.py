@@ -138,6 +138,12 @@ def _original_message(text: str) -> str:
 
 def died_message(what: str, context: LoaderContext, resources: Resources) -> str:
     """The whole explanation for the user (see the module docstring)."""
+    if "Terminated" in what:  # SIGTERM from outside: a stop, not memory (workers ignore it, see loader)
+        return (
+            f"a DataLoader worker of rank {context.rank} was ended by SIGTERM from outside the trainer: "
+            f"{what} The job is being stopped (docker stop, StopTrainingJob, a spot interruption) or "
+            f"another process sent it; this is not a memory problem."
+        )
     if any(sign in what for sign in _SHM_SIGNS):
         cause = "Bus errors and 'No space left on device' mean /dev/shm, which carries every batch from the workers, is full."
     elif "Killed" in what or "MemoryError" in what or "out of memory" in what.lower():

@@ -24,7 +24,7 @@ from yolov5_smddp.hyp_options import fold_hyp_options
 from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml
 from yolov5_smddp.sagemaker.efa import network_environment
 from yolov5_smddp.sagemaker.env import SageMakerEnv, default_failure_file, read_environment
-from yolov5_smddp.sagemaker.failure import report_failure
+from yolov5_smddp.sagemaker.failure import report_failure, report_stop
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def _local_gpu_count(env: SageMakerEnv) -> int:
 def run_job(
     env: SageMakerEnv, own: argparse.Namespace, train_args: list[str], environ: Mapping[str, str]
 ) -> int:
-    """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0."""
+    """Validate the hyperparameters, prepare and check the data, then run the workers; returns 0, or
+    EXIT_INTERRUPTED after a SIGTERM (reported in one line, see failure.report_stop)."""
     train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
     info = detect_dist_info(environ, default_master=env.master_addr, hosts_in_job=len(env.hosts))
@@ -169,11 +170,12 @@ def run_job(
             environ=worker_environment(environ, network.added),
         )
     if code == EXIT_INTERRUPTED:
-        raise launch.WorkerFailed(
-            f"training was stopped by SIGTERM (StopTrainingJob, spot interruption or docker "
-            f"stop); the last checkpoint is in {env.checkpoint_dir} and a new run with the "
-            "same checkpoint folder resumes from it",
-            code,
+        return report_stop(
+            f"Training was stopped by SIGTERM (StopTrainingJob, max_run, a spot interruption or docker stop). "
+            f'{env.model_dir} holds the model so far (best.pt, metrics.json with "interrupted": true); '
+            f"the last checkpoint is in {env.checkpoint_dir}, and a new job with the same checkpoint "
+            "folder resumes from it.",
+            env.failure_file,
         )
     if code != 0:
         raise launch.WorkerFailed(f"training exited with code {code}; its error is in the log above", code)

@@ -2,7 +2,11 @@
 /opt/ml/output/failure (SageMaker shows its first 1024 characters as the job's FailureReason), the full
 traceback in the log, and a non-zero exit code:
 
-- a worker's own exit code when one failed (WorkerFailed; 143 after SIGTERM, resumable),
+- 143 (EXIT_INTERRUPTED) after SIGTERM (StopTrainingJob, spot interruption, max_run): the checkpoint and
+  the model folder are written; one line in the log and the reason in the failure file, no traceback
+  (`report_stop`). Under the SageMaker toolkit the container itself then exits 1 (the toolkit's code for
+  any failed program),
+- a worker's own exit code when one failed (WorkerFailed),
 - SystemExit's integer code (argparse: 2),
 - 2 (EXIT_USER_ERROR) for a UserError (bad option, dataset, weights): the input must change,
 - 1 (EXIT_INTERNAL_ERROR) for anything else.
@@ -15,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.errors import ConfigError, DataError, UserError
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, DataError, UserError
 from yolov5_smddp.launch import WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -72,3 +76,14 @@ def report_failure(exc: BaseException, failure_file: Path) -> int:
     except OSError as write_exc:
         log.error("could not write %s: %s", failure_file, write_exc)
     return exit_code(exc)
+
+
+def report_stop(reason: str, failure_file: Path) -> int:
+    """A stop by SIGTERM, which is no failure of the program: one line in the log (no traceback), the
+    reason in the failure file; returns EXIT_INTERRUPTED."""
+    log.warning("STOPPED: %s", reason)
+    try:
+        write_failure(failure_file, reason)
+    except OSError as write_exc:
+        log.error("could not write %s: %s", failure_file, write_exc)
+    return EXIT_INTERRUPTED

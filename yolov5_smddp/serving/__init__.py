@@ -7,11 +7,13 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
 from torch import nn
 
+from yolov5_smddp import export
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.ema import unwrap
 from yolov5_smddp.export import ExportOptions, export_model
@@ -33,43 +35,74 @@ def serving_formats() -> tuple[str, ...]:
     return ("torchscript", "onnx") if importlib.util.find_spec("onnx") is not None else ("torchscript",)
 
 
+EXPORT_MARGIN_S = 30.0
+"""After a SIGTERM an export starts only while at least this many seconds of the stop window remain
+(the export itself, the process's exit and the job's report must fit before SIGKILL)."""
+
+
+def write_handler(model_dir: Path) -> Path:
+    """code/inference.py (the serving handler) in `model_dir`."""
+    handler = Path(model_dir) / CODE_DIR / HANDLER
+    with atomic_write(handler, "w", encoding="utf-8") as out:
+        out.write(handler_source())
+    return handler
+
+
 def write_model_folder(
-    model_dir: Path, model: nn.Module, imgsz: int, *, float16_weights: bool = False
+    model_dir: Path,
+    model: nn.Module,
+    imgsz: int,
+    *,
+    float16_weights: bool = False,
+    time_left: Callable[[], float | None] | None = None,
 ) -> dict[str, Path]:
-    """Write best.torchscript (+ best.onnx) for a float32 CPU copy of `model` at imgsz × imgsz, and
-    code/inference.py; returns {name: path}. `model` itself is left untouched. `float16_weights` rounds
-    the copy's weights through float16 first, so the files compute what a float16 best.pt computes."""
+    """Write code/inference.py, then best.torchscript (+ best.onnx) for a float32 CPU copy of `model` at
+    imgsz × imgsz, in order of cost; returns {name: path}. `model` itself is left untouched.
+    `float16_weights` rounds the copy's weights through float16 first, so the files compute what a
+    float16 best.pt computes. `time_left()`: seconds until SIGKILL after a SIGTERM (None without one);
+    an export is skipped, and named in the log, when fewer than EXPORT_MARGIN_S remain."""
     model_dir = Path(model_dir)
+    written = {"handler": write_handler(model_dir)}
     export_copy = copy.deepcopy(unwrap(model)).cpu().eval()
     if float16_weights:
         export_copy.half()
     export_copy.float()
     shape = (imgsz, imgsz)
-    written = export_model(
-        export_copy, model_dir / STEM, ExportOptions(include=("torchscript",), imgsz=shape)
-    )
-    handler = model_dir / CODE_DIR / HANDLER
-    with atomic_write(handler, "w", encoding="utf-8") as out:
-        out.write(handler_source())
-    written["handler"] = handler
-    if "onnx" in serving_formats():
+    skipped = []
+    for fmt in serving_formats():  # torchscript, then onnx: cheapest first
+        left = time_left() if time_left is not None else None
+        if left is not None and left < EXPORT_MARGIN_S:
+            skipped.append(f"{STEM}{export.SUFFIXES[fmt]}")
+            continue
         try:
             written.update(
-                export_model(export_copy, model_dir / STEM, ExportOptions(include=("onnx",), imgsz=shape))
+                export_model(export_copy, model_dir / STEM, ExportOptions(include=(fmt,), imgsz=shape))
             )
-        except Exception as exc:  # the ONNX exporter's own failures: the TorchScript folder still deploys
-            log.warning("model folder: best.onnx not written (%s: %s)", type(exc).__name__, exc)
+        except Exception as exc:  # an exporter's own failures: best.pt and the other files still stand
+            log.warning(
+                "model folder: %s%s not written (%s: %s)", STEM, export.SUFFIXES[fmt], type(exc).__name__, exc
+            )
+    if skipped:
+        log.warning(
+            "model folder: %s skipped: %.0f s left before SIGKILL after the SIGTERM, under the %.0f s an "
+            "export may need (yolov5-smddp export writes them from best.pt)",
+            ", ".join(skipped),
+            max(left, 0.0),
+            EXPORT_MARGIN_S,
+        )
     return written
 
 
-def write_serving_files(model_dir: Path, model: nn.Module, imgsz: int) -> bool:
+def write_serving_files(
+    model_dir: Path, model: nn.Module, imgsz: int, time_left: Callable[[], float | None] | None = None
+) -> bool:
     """`write_model_folder` at the end of training (float16-rounded weights, as best.pt holds them);
     a failure is logged as a warning and does not fail the run, whose best.pt is already written."""
     try:
-        written = write_model_folder(model_dir, model, imgsz, float16_weights=True)
+        written = write_model_folder(model_dir, model, imgsz, float16_weights=True, time_left=time_left)
     except Exception as exc:  # export covers many torch / onnx code paths; the weights are safe already
         log.warning(
-            "model folder: TorchScript / ONNX / code/inference.py not written (%s: %s)",
+            "model folder: code/inference.py / TorchScript / ONNX not written (%s: %s)",
             type(exc).__name__,
             exc,
         )
