@@ -19,14 +19,13 @@ def test_recommend_smallest_within_five_percent():
 def test_bench_data_tiny_run(tmp_path, capsys, monkeypatch):
     built = []
 
-    def stand_in_release(images, imgsz):  # the release's package is not in the test image: our dataset
-        # stands in for its row (the same files, as the release gets them)
+    def stand_in_release(images_dir, imgsz):  # the release's package is not in the test image: our
+        # dataset stands in for its row (the same folder, as the release gets it)
         from yolov5_smddp.data.dataset import YoloDataset
         from yolov5_smddp.data.labels import build_label_index
 
-        built.append((len(images), imgsz))
-        folder = images[0].parents[1]
-        index = build_label_index([folder / "train"], nc=3, root=folder.parent, cache_dir=tmp_path / "r")
+        built.append((len(list(images_dir.glob("*.jpg"))), imgsz))
+        index = build_label_index([images_dir], nc=3, root=images_dir.parents[1], cache_dir=tmp_path / "r")
         return YoloDataset(index, imgsz, augment=True, hyp={})
 
     monkeypatch.setattr(bench_data, "release_dataset", stand_in_release)
