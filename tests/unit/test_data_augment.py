@@ -13,12 +13,14 @@ import torch
 from datatree import watch
 
 from yolov5_smddp.boxes import scale_boxes
+from yolov5_smddp.data import augment
 from yolov5_smddp.data.augment import (
     AugmentParams,
     _paste_warped,
     apply_color_hwc,
     box_candidates,
     draw_color_params,
+    mosaic,
     random_affine_matrix,
     transform_boxes,
 )
@@ -171,6 +173,68 @@ def test_scaled_paste_is_the_warp():
     inner = (slice(18, 100), slice(0, 97))
     np.testing.assert_array_equal(fast[inner], exact[inner])
     assert (fast != exact).any(-1).sum() <= 100 + 100  # at most the rim row and column
+
+
+def _paste_warped_by_copy(out, crop, m):
+    """The paste as it was before the in-place warp: the region copied out, warped, copied back."""
+    ch, cw = crop.shape[:2]
+    if ch == 0 or cw == 0:
+        return
+    oh, ow = out.shape[:2]
+    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
+    x0, y0 = max(int(np.floor(footprint[0])) - 1, 0), max(int(np.floor(footprint[1])) - 1, 0)
+    x1, y1 = min(int(np.ceil(footprint[2])) + 1, ow), min(int(np.ceil(footprint[3])) + 1, oh)
+    if x1 <= x0 or y1 <= y0:
+        return
+    roi = np.ascontiguousarray(out[y0:y1, x0:x1])
+    shift = np.array([[1.0, 0, -x0], [0, 1, -y0], [0, 0, 1]]) @ m
+    if m[2, 0] or m[2, 1]:
+        cv2.warpPerspective(crop, shift, (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
+    else:
+        cv2.warpAffine(crop, shift[:2], (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
+    out[y0:y1, x0:x1] = roi
+
+
+def _apply_color_by_copies(img, params):
+    """The worker's colour step as it was before the in-place table: a new image per step."""
+    x = np.arange(256, dtype=np.float32)
+    lut = np.empty((256, 1, 3), np.uint8)
+    lut[:, 0, 0] = (x * params[0]) % 180
+    lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
+    lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+    out = cv2.cvtColor(cv2.LUT(cv2.cvtColor(img, cv2.COLOR_BGR2HSV), lut), cv2.COLOR_HSV2RGB)
+    if params[4] or params[5]:
+        out = cv2.flip(out, -1 if params[4] and params[5] else (0 if params[4] else 1))
+    return out
+
+
+@pytest.mark.parametrize(
+    "hyp",
+    [{}, {"degrees": 10.0, "shear": 3.0, "scale": 0.9}, {"perspective": 0.0008, "translate": 0.3}],
+)
+def test_in_place_mosaic_and_colour_are_the_old_pixels(monkeypatch, hyp):
+    """The tiles warped straight into the output and the HSV table applied in place give exactly the
+    pixels of the copying path they replaced (tiles of odd sizes, partly outside the output too)."""
+    params = AugmentParams.from_hyp(hyp)
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        tiles = []
+        for _ in range(4):
+            h, w = (int(v) for v in rng.integers(20, 96, 2))
+            img = cv2.resize(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8), (w, h))
+            tiles.append((img, np.array([[0, 2, 3, w - 2, h - 3]], np.float32)))
+        originals = [t[0].copy() for t in tiles]
+        fast, fast_labels = mosaic(tiles, 64, params, np.random.default_rng(seed))
+        with monkeypatch.context() as patched:
+            patched.setattr(augment, "_paste_warped", _paste_warped_by_copy)
+            slow, slow_labels = mosaic(tiles, 64, params, np.random.default_rng(seed))
+        np.testing.assert_array_equal(fast, slow)
+        np.testing.assert_array_equal(fast_labels, slow_labels)
+        assert all(np.array_equal(t[0], o) for t, o in zip(tiles, originals))  # tiles untouched
+        color = draw_color_params(AugmentParams(flipud=0.5), rng)
+        before = fast.copy()
+        np.testing.assert_array_equal(apply_color_hwc(fast, color), _apply_color_by_copies(fast, color))
+        np.testing.assert_array_equal(fast, before)  # the input image untouched
 
 
 def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):

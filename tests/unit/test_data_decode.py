@@ -228,3 +228,61 @@ def test_collate_of_an_all_skipped_batch_is_empty():
     imgs, targets, paths, shapes, color = collate([Skipped("a.jpg", "x"), Skipped("b.jpg", "y")])
     assert imgs.shape == (0, 3, 32, 32) and imgs.dtype == torch.uint8
     assert targets.shape == (0, 6) and paths == () and shapes == ()
+
+
+def _jpeg_variants(folder: Path) -> list[Path]:
+    """Real JPEGs: a synthetic photo-like image as OpenCV writes it (4:2:0) and as PIL writes it in 4:4:4,
+    4:2:2 and progressive, a greyscale one, and one per EXIF orientation 1-8; plus a PNG."""
+    make_default_dataset(folder / "d", n_train=1, n_val=0, imgsz=160, seed=5)
+    [src] = list((folder / "d" / "images" / "train").glob("*.jpg"))
+    rgb = Image.open(src).convert("RGB").crop((0, 0, 157, 117))  # odd sides: partial MCUs at the edges
+    paths = [src]
+    for name, kwargs in {
+        "444": {"subsampling": 0},
+        "422": {"subsampling": 1},
+        "progressive": {"progressive": True, "quality": 80},
+    }.items():
+        rgb.save(folder / f"{name}.jpg", **kwargs)
+        paths.append(folder / f"{name}.jpg")
+    rgb.convert("L").save(folder / "grey.jpg")
+    paths.append(folder / "grey.jpg")
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        rgb.save(folder / f"exif{orientation}.jpg", exif=exif)
+        paths.append(folder / f"exif{orientation}.jpg")
+    rgb.save(folder / "plain.png")
+    paths.append(folder / "plain.png")
+    return paths
+
+
+def test_decode_gives_the_pixels_of_imread_and_of_the_release(tmp_path):
+    """decode_image reads the bytes and uses cv2.imdecode (faster): the same pixels as cv2.imread, the
+    path it replaced, and as the release's decode (`imdecode` of `np.fromfile`), EXIF orientation applied
+    in all three, at full and at reduced DCT scale."""
+    paths = _jpeg_variants(tmp_path)
+    flags = (
+        cv2.IMREAD_COLOR,
+        cv2.IMREAD_REDUCED_COLOR_2,
+        cv2.IMREAD_REDUCED_COLOR_4,
+        cv2.IMREAD_REDUCED_COLOR_8,
+    )
+    for path in paths:
+        for flag in flags:
+            ours = decode_image(path, flag)
+            assert np.array_equal(ours, cv2.imread(str(path), flag)), (path.name, flag)
+            assert np.array_equal(ours, cv2.imdecode(np.fromfile(path, np.uint8), flag)), (path.name, flag)
+    upright = decode_image(tmp_path / "exif1.jpg")
+    assert upright.shape[:2] == (117, 157)
+    for orientation in (5, 6, 7, 8):  # the transposing orientations: rotated as OpenCV's imread does
+        assert decode_image(tmp_path / f"exif{orientation}.jpg").shape[:2] == (157, 117)
+    rotated = decode_image(tmp_path / "exif3.jpg")  # 180 degrees
+    assert np.abs(rotated.astype(int) - upright[::-1, ::-1]).mean() < 2  # the same picture, turned
+
+
+def test_decode_reasons_for_missing_and_empty_files(tmp_path):
+    with pytest.raises(ImageProblem, match="cannot read the file: No such file or directory"):
+        decode_image(tmp_path / "gone.jpg")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(ImageProblem, match=r"empty file \(0 bytes\)"):
+        decode_image(tmp_path / "empty.jpg")

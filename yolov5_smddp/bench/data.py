@@ -2,12 +2,16 @@
 label-scan / cache-load files/s.
 
 `--data synthetic` (the default) writes a benchmark dataset of 640x480 JPEGs (`--scan-images`, 2,000)
-to a temporary folder. The mosaic pipeline is measured twice in the same run — partners from the
-recently decoded pool (ours) and four decodes per sample (the release's way) — so the two numbers
-share the machine's load; shared machines are noisy, compare within one run. A plain JPEG decode rate
-is measured too: a pipeline decoding four images per sample cannot exceed a quarter of it. These three
-take turns in short rounds (`--rounds`) so load changes hit them alike; overall and best-round rates
-are reported. The scan row
+to a temporary folder. The mosaic pipeline is measured twice in the same run — four decodes per sample
+(the release's sampling, the default) and partners from the recently decoded pool (`--mosaic-partners
+recent`) — so the two numbers share the machine's load; shared machines are noisy, compare within one
+run. Beside them: a plain decode rate, and the decode-only ceiling — the same four decodes per sample
+(the default's mosaic plan, decode flag and decoder) and nothing else, which no four-decode pipeline can
+exceed — with each pipeline's fraction of it (`*_of_ceiling`; the recent pool decodes one image per
+sample, so it can exceed 1). When the release's package (`yolov5`, only in the throwaway image of
+bench/release_reference/) is importable and the data is synthetic, the release's `LoadImagesAndLabels`
+(scratch-low) is measured the same way (`release_mosaic_*` rows). All take turns in short rounds
+(`--rounds`) so load changes hit them alike; overall and best-round rates are reported. The scan row
 deletes and rebuilds our label cache (a cold build is what it measures). The `coco_*` rows time the index
 of a generated COCO instances JSON of train2017's size (`bench.coco_index`): a cold build (hash, parse,
 cached arrays written) and a warm load, each in a fresh process with its peak RSS.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,9 +85,44 @@ def _sample_stream(dataset, seed: int = 0):
 
 
 def _decode_stream(paths: list[Path]):
-    import cv2
+    from yolov5_smddp.data.decode import decode_image
 
-    return lambda k: cv2.imread(str(paths[k % len(paths)]))
+    return lambda k: decode_image(paths[k % len(paths)])
+
+
+def _ceiling_stream(dataset, seed: int = 0):
+    """step(k): the four decodes of the k-th mosaic sample of a shuffled order (the dataset's own mosaic
+    plan and decode flags, through the training loader's decoder) and nothing else."""
+    import numpy as np
+
+    from yolov5_smddp.data.decode import decode_image
+
+    order = np.random.default_rng(seed).permutation(len(dataset))
+
+    def step(k: int) -> None:
+        for j in dataset.mosaic_plan(int(order[k % len(order)])):
+            decode_image(dataset.images[j], dataset.decode_flag(j))
+
+    return step
+
+
+def release_dataset(images_dir: Path, imgsz: int):
+    """The release's training dataset (`LoadImagesAndLabels` of the PyPI package `yolov5`, scratch-low
+    hyperparameters) on the folder of images, or None when the package is not importable (or fails on
+    the folder: said on stderr). Import it before setting OpenCV's thread count: the release's import
+    sets its own."""
+    try:
+        import yaml
+        import yolov5
+        from yolov5.utils.dataloaders import LoadImagesAndLabels
+    except ImportError:
+        return None
+    hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
+    try:
+        return LoadImagesAndLabels(str(images_dir), img_size=imgsz, batch_size=16, augment=True, hyp=hyp)
+    except Exception as exc:  # the release's own failure: its row is left out, the rest is measured
+        print(f"release row left out: its dataset failed on {images_dir}: {exc}", file=sys.stderr)
+        return None
 
 
 def loader_rate(dataset, *, workers: int, batch_size: int, iters: int) -> float:
@@ -160,16 +200,33 @@ def run(args: argparse.Namespace) -> int:
         load_s, _ = _timed(scan)
         n = index.report.found
 
+        # the release writes its label cache beside the labels: only in our throwaway synthetic folder
+        release = release_dataset(index.images[0].parent, args.imgsz) if args.data == "synthetic" else None
         cv2.setNumThreads(1)
-        tasks = {"jpeg_decode_images_per_s_1proc": _decode_stream(index.images)}
-        for partners in ("recent", "random"):
-            ds = YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners=partners)
-            tasks[f"mosaic_samples_per_s_1proc_{partners}"] = _sample_stream(ds)
+        default = YoloDataset(index, args.imgsz, augment=True, hyp={})
+        tasks = {
+            "jpeg_decode_images_per_s_1proc": _decode_stream(index.images),
+            "decode_ceiling_samples_per_s_1proc": _ceiling_stream(
+                YoloDataset(index, args.imgsz, augment=True, hyp={})
+            ),
+            "mosaic_samples_per_s_1proc_random": _sample_stream(default),
+            "mosaic_samples_per_s_1proc_recent": _sample_stream(
+                YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners="recent")
+            ),
+        }
+        if release is not None:
+            tasks["release_mosaic_samples_per_s_1proc"] = _sample_stream(release)
         rows = {}
         for name, (overall, best) in interleaved_rates(tasks, args.iters, args.rounds).items():
             rows[name], rows[f"{name}_best_round"] = overall, best
-        # four decodes per mosaic sample and nothing else: what the release's way can reach at most
-        rows["release_style_ceiling_samples_per_s"] = rows["jpeg_decode_images_per_s_1proc"] / 4
+        ceiling = rows["decode_ceiling_samples_per_s_1proc"]
+        for name in ("mosaic_samples_per_s_1proc_random", "mosaic_samples_per_s_1proc_recent"):
+            rows[f"{name.replace('_samples_per_s', '')}_of_ceiling"] = rows[name] / ceiling
+        if release is not None:
+            rows["release_mosaic_1proc_of_ceiling"] = rows["release_mosaic_samples_per_s_1proc"] / ceiling
+            rows["ours_random_vs_release"] = (
+                rows["mosaic_samples_per_s_1proc_random"] / rows["release_mosaic_samples_per_s_1proc"]
+            )
         ds = YoloDataset(index, args.imgsz, augment=True, hyp={})
         rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
             ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
@@ -188,10 +245,11 @@ def run(args: argparse.Namespace) -> int:
         "cache_load_pairs_per_s": n / load_s,
         **rows,
     }
-    print(f"{'measurement':<44}{'value':>12}")
+    print(f"{'measurement':<50}{'value':>12}")
     for key, value in results.items():
-        shown = f"{value:,.1f}" if isinstance(value, float) else str(value)
-        print(f"{key:<44}{shown:>12}")
+        ratio = key.endswith(("_of_ceiling", "_vs_release"))
+        shown = f"{value:.2f}" if ratio else f"{value:,.1f}" if isinstance(value, float) else str(value)
+        print(f"{key:<50}{shown:>12}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

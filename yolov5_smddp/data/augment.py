@@ -204,9 +204,12 @@ def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
     x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
     if x1 <= x0 or y1 <= y0:
         return
-    roi = np.ascontiguousarray(out[y0:y1, x0:x1])
-    _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=roi)
-    out[y0:y1, x0:x1] = roi
+    # straight into the view of `out` (OpenCV takes a row-strided view as its dst and writes through
+    # it): no copy of the region out and back; copied only if a build of OpenCV ever hands back another array
+    region = out[y0:y1, x0:x1]
+    warped = _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=region)
+    if warped is not region:
+        region[...] = warped
 
 
 COLOR_COLUMNS = 6
@@ -240,7 +243,8 @@ def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
         lut[:, 0, 0] = (x * params[0]) % 180
         lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
         lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
-        img = cv2.cvtColor(cv2.LUT(cv2.cvtColor(img, cv2.COLOR_BGR2HSV), lut), cv2.COLOR_HSV2RGB)
+        hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # the one new image; the table and the way back in place
+        img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
     else:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     up_down, left_right = bool(params[4]), bool(params[5])

@@ -212,14 +212,8 @@ class YoloDataset:
         path = self.images[i]
         if i in self._undecodable:
             raise UndecodableImage(i, path, self._undecodable[i])
-        long_side = int(self.shapes[i].max())
-        flag = cv2.IMREAD_COLOR
-        for factor, reduced in _REDUCED_FLAGS:
-            if long_side >= factor * self.img_size and path.suffix.lower() in (".jpg", ".jpeg"):
-                flag = reduced
-                break
         try:
-            img = decode_image(path, flag)
+            img = decode_image(path, self.decode_flag(i))
         except ImageProblem as exc:
             self._undecodable[i] = f"{exc} (it passed the label scan)"
             then = "another image takes its place" if self.augment else "left out of the validation metrics"
@@ -231,6 +225,16 @@ class YoloDataset:
             interp = cv2.INTER_AREA if shrink and not self.augment else cv2.INTER_LINEAR
             img = cv2.resize(img, new_wh, interpolation=interp)
         return img
+
+    def decode_flag(self, i: int) -> int:
+        """The cv2.IMREAD_* flag image i is decoded with: a reduced DCT scale for a JPEG at least twice
+        the target size, else IMREAD_COLOR."""
+        long_side = int(self.shapes[i].max())
+        if self.images[i].suffix.lower() in (".jpg", ".jpeg"):
+            for factor, reduced in _REDUCED_FLAGS:
+                if long_side >= factor * self.img_size:
+                    return reduced
+        return cv2.IMREAD_COLOR
 
     def resized_hw(self, i: int) -> tuple[int, int]:
         """(h, w) of image i with its long side resized to img_size."""

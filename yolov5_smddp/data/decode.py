@@ -1,6 +1,12 @@
 """The one place a user's image file is decoded: every decoder failure becomes an ImageProblem.
 
-OpenCV reports a bad file in two ways: `imread` returns None (unknown format, corrupt data), or it
+The file is read into memory in one call and decoded with `cv2.imdecode`, not `cv2.imread`: the same
+pixels (EXIF orientation applied the same way, also at reduced DCT scale; tests/unit/test_data_decode.py)
+and ~6% less time per 640x480 JPEG, since `imread` opens the file twice and libjpeg then reads it through
+stdio in 4 KB chunks (docs/PERFORMANCE.md, "Decode"). The release decodes the same way (its `cv2.imread`
+is `imdecode` of the file's bytes).
+
+OpenCV reports a bad file in two ways: `imdecode` returns None (unknown format, corrupt data), or it
 raises `cv2.error` (e.g. `pixels <= CV_IO_MAX_IMAGE_PIXELS` for a header that claims more than 2^30
 pixels, or an allocation failure). Both, and a MemoryError, become `ImageProblem(reason)`, so a caller
 can say "skipped: <path>: <reason>" and go on with the next file.
@@ -32,10 +38,18 @@ def decode_image(path: Path | str, flag: int | None = None) -> np.ndarray:
     the default, or IMREAD_REDUCED_COLOR_*). Raises ImageProblem with the reason when the file cannot be
     decoded."""
     import cv2  # here, not at the top: importing OpenCV takes seconds and `--help` paths import this module
+    import numpy as np
 
     flag = cv2.IMREAD_COLOR if flag is None else flag
     try:
-        img = cv2.imread(str(path), flag)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ImageProblem(f"cannot read the file: {exc.strerror or exc}") from None
+    if not data:
+        raise ImageProblem("empty file (0 bytes)")
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     except cv2.error as exc:
         raise ImageProblem(f"decoder error: {_opencv_reason(exc)}") from None
     except MemoryError:
