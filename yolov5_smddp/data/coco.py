@@ -49,6 +49,7 @@ import numpy as np
 
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
+from yolov5_smddp.data.index import CocoMeta, LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -94,17 +95,6 @@ class CocoTable:
     @property
     def names(self) -> list[str]:
         return list(self.category_names)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CocoMeta:
-    """What validation needs to write results in the JSON's own terms."""
-
-    json_path: Path
-    image_ids: np.ndarray
-    """int64 [N] COCO image id of each image of the index (aligned with LabelIndex.images)."""
-    category_ids: list[int]
-    """COCO category id of each class index."""
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -571,8 +561,6 @@ def build_coco_index(
 ):
     """The LabelIndex of a COCO instances file (see the module docstring). Raises DataError when the
     file cannot be used at all, its category count is not `nc`, or no usable image has a box."""
-    from yolov5_smddp.data.labels import LabelIndex, ScanReport  # labels dispatches here
-
     json_path = Path(json_path)
     table, cache_state = load_coco(json_path, cache_dir)
     if len(table.category_ids) != nc:

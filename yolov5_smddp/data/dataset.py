@@ -59,7 +59,7 @@ from yolov5_smddp.data.augment import (
     xyxy_to_xywhn,
 )
 from yolov5_smddp.data.decode import ImageProblem, decode_image
-from yolov5_smddp.data.labels import LabelIndex
+from yolov5_smddp.data.index import LabelIndex
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
 from yolov5_smddp.errors import DataError

@@ -43,8 +43,9 @@ from yolov5_smddp.data.cache import (
     sources_digest,
     stale_reason,
 )
-from yolov5_smddp.data.coco import CocoMeta, build_coco_index, is_coco_json
+from yolov5_smddp.data.coco import build_coco_index, is_coco_json
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
+from yolov5_smddp.data.index import LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -74,44 +75,6 @@ class PairFlag(IntFlag):
     BAD_LABEL = 8
     DUPLICATES = 16
     POLYGONS = 32
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScanReport:
-    """Counts over all pairs and one message per problem ("<file>: <reason>")."""
-
-    found: int
-    usable: int
-    missing_labels: int
-    empty_labels: int
-    bad: int
-    duplicate_files: int
-    polygon_files: int
-    boxes: int
-    messages: list[str]
-    cache: str
-    """How the cache was used: 'loaded', 'built' or 'built (not written: ...)'."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LabelIndex:
-    """The usable pairs of a split (bad pairs removed)."""
-
-    root: Path
-    images: list[Path]
-    """Absolute image paths."""
-    shapes: np.ndarray
-    """int32 [N, 2] (h, w) of each image as decoded."""
-    labels: list[np.ndarray]
-    """Per image float32 [n, 5] (cls, xc, yc, w, h) normalised to the image; n = 0 for background."""
-    report: ScanReport
-    cache_path: Path | None
-    """Where our cache was read or written (None when it could not be written anywhere)."""
-    crowd: list[np.ndarray] | None = None
-    """COCO sources only: per image float32 [k, 5] crowd regions (`iscrowd: 1`), never training targets;
-    validation ignores detections that fall in them (see `data.coco`)."""
-    coco: CocoMeta | None = None
-    """COCO sources only: the JSON's image and category ids (for `val --save-json`)."""
 
 
 def _label_str(image: str) -> str:
