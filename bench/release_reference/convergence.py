@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-_METRIC = re.compile(r"(?<![\w-])(mAP50-95|mAP50)=([0-9.]+)")
+_METRIC = re.compile(r"(?<![\w-])(mAP50-95|mAP50)=([0-9.]+(?:[eE][-+]?[0-9]+)?)")
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -87,6 +87,37 @@ def _curve(run: Path) -> list[float]:
     return []
 
 
+def _curves_side_by_side(runs: list[dict], every: int = 3, tail: int = 5) -> list[str]:
+    """mAP50-95 by epoch (own validation) of every run and of each variant's mean over its seeds, every
+    `every`-th epoch (4, 7, 10, ...), and the mean of the last `tail` epochs: where curves cross."""
+    length = max((len(r["curve"]) for r in runs), default=0)
+    if not length:
+        return []
+    epochs = list(range(1 + every, length + 1, every)) or [length]  # 4, 7, 10, ... as in issue 27
+    header = "| run | " + " | ".join(str(e) for e in epochs) + f" | last {tail} mean |"
+    lines = [
+        "mAP50-95 by epoch (own validation), side by side:",
+        "",
+        header,
+        "|---" * (len(epochs) + 2) + "|",
+    ]
+
+    def row(name: str, curve: list[float]) -> str:
+        cells = [f"{curve[e - 1]:.3f}" if e <= len(curve) else "" for e in epochs]
+        last = f"{statistics.mean(curve[-tail:]):.3f}" if curve else ""
+        return f"| {name} | " + " | ".join(cells) + f" | {last} |"
+
+    by_variant: dict[str, list[list[float]]] = {}
+    for r in sorted(runs, key=lambda r: (r["seed"], r["variant"])):
+        lines.append(row(f"{r['variant']}, seed {r['seed']}", r["curve"]))
+        if len(r["curve"]) == length:
+            by_variant.setdefault(r["variant"], []).append(r["curve"])
+    for variant, curves in by_variant.items():
+        mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
+        lines.append(row(f"**{variant}, mean of {len(curves)}**", mean))
+    return lines
+
+
 def _table(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     runs = []
@@ -123,6 +154,7 @@ def _table(args: argparse.Namespace) -> int:
             f"{statistics.mean(b):.4f} ({min(b):.4f}..{max(b):.4f}) | "
             f"{statistics.mean(r['wall_s'] for r in mine) / 60:.1f} |"
         )
+    lines += ["", *_curves_side_by_side(runs)]
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     print(text)
