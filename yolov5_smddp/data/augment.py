@@ -4,9 +4,11 @@ Boxes here are float32 [n, 5] rows (cls, x1, y1, x2, y2) in pixels of the image 
 are uint8 HWC (BGR inside the dataset; the colour order does not matter except for HSV, which expects
 BGR as OpenCV decodes it).
 
-Mosaic is composed with the random affine: instead of pasting four tiles on a 2s x 2s canvas and
-warping the canvas, each tile is warped once, straight into the s x s output, with the canvas
-placement folded into its matrix (same geometry, no large canvas, one pass over the output pixels).
+Mosaic is the release's: four tiles on a 2s x 2s canvas of grey 114, the canvas warped to s x s by the
+random affine. Only the canvas window the warp reads (the inverse image of the output, plus the
+bilinear taps) is filled and pasted, in a canvas reused from sample to sample, so a sample costs about
+the output's size in copies however large the canvas; the pixels are the full canvas warp's, seams
+included (where the tiles meet, the warp blends across them, as in the release).
 """
 
 from __future__ import annotations
@@ -120,17 +122,10 @@ def _apply_box_transform(labels: np.ndarray, m: np.ndarray, s: float, out_wh: tu
     return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32)
 
 
-def _warp(
-    img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int], dst: np.ndarray | None = None
-) -> np.ndarray:
-    border = cv2.BORDER_CONSTANT if dst is None else cv2.BORDER_TRANSPARENT
+def _warp(img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int]) -> np.ndarray:
     if m[2, 0] or m[2, 1]:
-        return cv2.warpPerspective(
-            img, m, out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
-        )
-    return cv2.warpAffine(
-        img, m[:2], out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
-    )
+        return cv2.warpPerspective(img, m, out_wh, flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+    return cv2.warpAffine(img, m[:2], out_wh, flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
 
 
 def random_perspective(
@@ -147,22 +142,15 @@ def random_perspective(
     return img, _apply_box_transform(labels, m, s, (w, h))
 
 
-def mosaic(
-    tiles: list[tuple[np.ndarray, np.ndarray]], size: int, p: AugmentParams, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Four (image, labels [n, 5] cls+xyxy px) tiles → (uint8 [size, size, 3], labels [m, 5]).
-
-    Geometry of the release: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a virtual
-    2s x 2s canvas filled with 114 (tile 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right), then
-    the random affine maps the canvas to s x s. Each tile is warped directly into the output.
-    """
-    s = size
-    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
-    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
-    out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
-    all_labels = []
-    for k, (img, labels) in enumerate(tiles):
-        h, w = img.shape[:2]
+def tile_placements(
+    shapes_hw: list[tuple[int, int]], centre: tuple[int, int], size: int
+) -> list[tuple[int, int, int, int, int, int]]:
+    """Where each tile goes on the 2s x 2s canvas, the release's geometry: tile 0 top-left, 1 top-right,
+    2 bottom-left, 3 bottom-right of the centre (xc, yc), each cut by the canvas edge. Per tile
+    (x1a, y1a, x2a, y2a, x1b, y1b): the canvas rectangle it fills and the tile pixel at its top-left."""
+    s, (xc, yc) = size, centre
+    out = []
+    for k, (h, w) in enumerate(shapes_hw):
         if k == 0:
             x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
             x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
@@ -175,41 +163,69 @@ def mosaic(
         else:
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
             x1b, y1b = 0, 0
-        crop = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
-        tile_m = m @ _translation(x1a, y1a)  # crop pixel → canvas → output
-        _paste_warped(out, crop, tile_m)
+        out.append((x1a, y1a, x2a, y2a, x1b, y1b))
+    return out
+
+
+WARP_TAP_MARGIN = 2
+"""Source pixels read around a sampled point: the bilinear taps (floor, floor + 1) and one more for the
+warp's fixed-point rounding of the coordinates (1/32 px)."""
+
+
+def source_window(
+    m: np.ndarray, out_wh: tuple[int, int], in_wh: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the pixels of a source of size in_wh that warping it by `m` into out_wh can read
+    (the inverse image of the output's pixel centres, widened by the bilinear taps), clipped to the source."""
+    ow, oh = out_wh
+    corners = np.array([[0, 0, 1], [ow - 1, 0, 1], [0, oh - 1, 1], [ow - 1, oh - 1, 1]], np.float64)
+    back = corners @ np.linalg.inv(m).T
+    xy = back[:, :2] / back[:, 2:3]
+    x0 = max(int(math.floor(xy[:, 0].min())) - WARP_TAP_MARGIN, 0)
+    y0 = max(int(math.floor(xy[:, 1].min())) - WARP_TAP_MARGIN, 0)
+    x1 = min(int(math.floor(xy[:, 0].max())) + WARP_TAP_MARGIN + 1, in_wh[0])
+    y1 = min(int(math.floor(xy[:, 1].max())) + WARP_TAP_MARGIN + 1, in_wh[1])
+    return x0, y0, max(x1, x0), max(y1, y0)
+
+
+def mosaic(
+    tiles: list[tuple[np.ndarray, np.ndarray]],
+    size: int,
+    p: AugmentParams,
+    rng: np.random.Generator,
+    canvas: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Four (image, labels [n, 5] cls+xyxy px) tiles → (uint8 [size, size, 3], labels [m, 5]).
+
+    The release's: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a 2s x 2s canvas filled
+    with 114 (see `tile_placements`), then the random affine maps the canvas to s x s (bilinear, border
+    114). `canvas`: a uint8 [2s, 2s, 3] scratch array to reuse (its content does not matter: only the
+    window the warp reads is filled); None allocates one.
+    """
+    s = size
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    if canvas is None or canvas.shape != (2 * s, 2 * s, 3) or canvas.dtype != np.uint8:
+        canvas = np.empty((2 * s, 2 * s, 3), np.uint8)
+    wx0, wy0, wx1, wy1 = source_window(m, (s, s), (2 * s, 2 * s))
+    canvas[wy0:wy1, wx0:wx1] = PAD_VALUE
+    all_labels = []
+    placements = tile_placements([img.shape[:2] for img, _ in tiles], (xc, yc), s)
+    for (img, labels), (x1a, y1a, x2a, y2a, x1b, y1b) in zip(tiles, placements):
+        # the part of the tile's rectangle inside the window
+        cx0, cy0, cx1, cy1 = max(x1a, wx0), max(y1a, wy0), min(x2a, wx1), min(y2a, wy1)
+        if cx1 > cx0 and cy1 > cy0:
+            canvas[cy0:cy1, cx0:cx1] = img[
+                y1b + cy0 - y1a : y1b + cy1 - y1a, x1b + cx0 - x1a : x1b + cx1 - x1a
+            ]
         shifted = labels.copy()
         shifted[:, [1, 3]] += x1a - x1b
         shifted[:, [2, 4]] += y1a - y1b
         all_labels.append(shifted)
+    out = _warp(canvas, m, (s, s))
     labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
     return out, _apply_box_transform(labels, m, scale, (s, s))
-
-
-def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
-    """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint.
-
-    Always a warp, also when `m` only scales and translates: a cv2.resize placed at a whole output pixel
-    would be cheaper, but its half-pixel sampling grid and the rounded placement shift the tile by up to
-    a pixel against the labels (the release warps the canvas; measured: mean |difference| 7.0 grey
-    levels against the canvas warp, 0.4 for the warp, only at tile seams), and at small image sizes that
-    cost accuracy (docs/ACCURACY.md)."""
-    ch, cw = crop.shape[:2]
-    if ch == 0 or cw == 0:
-        return
-    oh, ow = out.shape[:2]
-    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
-    x0, y0 = max(int(math.floor(footprint[0])) - 1, 0), max(int(math.floor(footprint[1])) - 1, 0)
-    x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
-    if x1 <= x0 or y1 <= y0:
-        return
-    # straight into the view of `out` (OpenCV takes a row-strided view as its dst and writes through
-    # it): no copy of the region out and back; copied only if a build of OpenCV ever hands back another array
-    region = out[y0:y1, x0:x1]
-    warped = _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=region)
-    if warped is not region:
-        region[...] = warped
 
 
 COLOR_COLUMNS = 6

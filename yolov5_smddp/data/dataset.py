@@ -181,6 +181,7 @@ class YoloDataset:
             self.labels = [self.labels[i] for i in order]
             self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
         self._ram: dict[int, np.ndarray] = {}
+        self._canvas: np.ndarray | None = None  # the mosaic's 2s x 2s scratch canvas, made on first use
         self._partner_indices: np.ndarray | None = None  # the cached shard (RAM cache), else everything
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
         self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
@@ -296,7 +297,9 @@ class YoloDataset:
         for j in self.mosaic_plan(i):
             img = self.load_image(j)
             tiles.append((img, self._pixel_labels(j, img)))
-        return mosaic(tiles, self.img_size, self.params, self.rng)
+        if self._canvas is None:  # this process's scratch canvas (see augment.mosaic), reused
+            self._canvas = np.empty((2 * self.img_size, 2 * self.img_size, 3), np.uint8)
+        return mosaic(tiles, self.img_size, self.params, self.rng, canvas=self._canvas)
 
     def substitute(self, i: int) -> int:
         """The index standing in for undecodable item i: the next index, cyclically, not known to be
