@@ -7,8 +7,10 @@
 # (ours since issue 13), as a user would run them.
 #
 #   bash bench/convergence.sh [OUT_DIR]
-#   env: SEEDS ("0 1"), VARIANTS ("release ours"), EPOCHS (20), IMGSZ (160), BATCH (16), WORKERS (2),
-#        CFG (yolov5n), N_TRAIN (400), N_VAL (100), WIDTH (256), HEIGHT (192), DATA_SEED (0), CPUS (2),
+#   env: SEEDS ("0 1"), VARIANTS ("release ours"; also "ours-reldata": our trainer on the release's training
+#        pipeline, "release-ourdata": the release's trainer on ours, bench/release_reference/swap.py),
+#        EPOCHS (30), IMGSZ (256), BATCH (16), WORKERS (2),
+#        CFG (yolov5n), N_TRAIN (1000), N_VAL (200), WIDTH (320), HEIGHT (240), DATA_SEED (0), CPUS (2),
 #        BASE_IMAGE (an image with python3, torch, torchvision, OpenCV, PyYAML: the stand-in base),
 #        BEFORE_REF (a git revision: adds the variant "ours-before" trained by that revision's code),
 #        HYP_OVERRIDE (key=value,... replacing scratch-low values for BOTH, e.g. "obj=25" at small IMGSZ),
@@ -17,14 +19,16 @@
 #        THREADS (1: torch threads per run, as the release sets itself on 2 CPUs; on a loaded machine
 #        more threads than free cores make every OpenMP barrier wait for a descheduled thread)
 # Prints a table (per-epoch mAP50-95 curves from each trainer's own validation, final mAP50-95 / mAP50 by
-# our val, wall minutes; per variant the mean and min..max over seeds) and writes OUT_DIR/table.md.
+# our val, wall minutes; per variant the mean and min..max over seeds; the curves side by side every third
+# epoch with each variant's mean) and writes OUT_DIR/table.md.
 # Needs Docker and network access to PyPI (for the release's package).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$(mkdir -p "${1:-$here/runs/convergence}" && cd "${1:-$here/runs/convergence}" && pwd)"
-SEEDS="${SEEDS:-0 1}" VARIANTS="${VARIANTS:-release ours}" EPOCHS="${EPOCHS:-20}" IMGSZ="${IMGSZ:-160}"
-BATCH="${BATCH:-16}" WORKERS="${WORKERS:-2}" CFG="${CFG:-yolov5n}" N_TRAIN="${N_TRAIN:-400}" N_VAL="${N_VAL:-100}"
-WIDTH="${WIDTH:-256}" HEIGHT="${HEIGHT:-192}" DATA_SEED="${DATA_SEED:-0}" CPUS="${CPUS:-2}"
+# the default budget (issue 27): where yolov5n gets past the steep part of its curve (~30-45 min per run here)
+SEEDS="${SEEDS:-0 1}" VARIANTS="${VARIANTS:-release ours}" EPOCHS="${EPOCHS:-30}" IMGSZ="${IMGSZ:-256}"
+BATCH="${BATCH:-16}" WORKERS="${WORKERS:-2}" CFG="${CFG:-yolov5n}" N_TRAIN="${N_TRAIN:-1000}" N_VAL="${N_VAL:-200}"
+WIDTH="${WIDTH:-320}" HEIGHT="${HEIGHT:-240}" DATA_SEED="${DATA_SEED:-0}" CPUS="${CPUS:-2}"
 OURS_ARGS="${OURS_ARGS:-}" HYP_OVERRIDE="${HYP_OVERRIDE:-}" NICE="${NICE:-10}" PARALLEL="${PARALLEL:-1}" THREADS="${THREADS:-1}"
 # default base: the stand-in base image that ./build.sh tags by content hash
 base="${BASE_IMAGE:-$(docker images --format '{{.Repository}}:{{.Tag}}' yolov5-smddp-standin | grep -m1 -E ':[0-9a-f]{12}$' || true)}"
