@@ -12,6 +12,7 @@ placement folded into its matrix (same geometry, no large canvas, one pass over 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import cv2
@@ -147,6 +148,118 @@ def random_perspective(
     return img, _apply_box_transform(labels, m, s, (w, h))
 
 
+@dataclass(frozen=True)
+class MosaicGeometry:
+    """The random part of one mosaic, drawn before any tile is decoded (`draw_mosaic_geometry`)."""
+
+    size: int
+    """Output side s (the virtual canvas is 2s x 2s)."""
+    xc: int
+    """Tile meeting point on the canvas, x in [s/2, 3s/2)."""
+    yc: int
+    """Tile meeting point on the canvas, y in [s/2, 3s/2)."""
+    matrix: np.ndarray
+    """float64 [3, 3]: canvas pixels → output pixels (the random affine)."""
+    scale: float
+    """The affine's scale factor (for `box_candidates`)."""
+
+
+@dataclass(frozen=True)
+class TilePlacement:
+    """Where tile k's image lands on the canvas: its crop img[y0:y0+h, x0:x0+w] goes to canvas (cx, cy)."""
+
+    x0: int
+    y0: int
+    w: int
+    h: int
+    cx: int
+    cy: int
+
+
+def draw_mosaic_geometry(size: int, p: AugmentParams, rng: np.random.Generator) -> MosaicGeometry:
+    """The mosaic centre U[s/2, 3s/2)^2 (truncated to whole pixels), then the random affine of the 2s x 2s
+    canvas to s x s: the release's draws. Independent of the tiles' pixels, so drawn before decoding."""
+    s = size
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    return MosaicGeometry(size=s, xc=xc, yc=yc, matrix=m, scale=scale)
+
+
+def tile_placement(k: int, hw: tuple[int, int], g: MosaicGeometry) -> TilePlacement:
+    """Tile k (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right) of an image of `hw` pixels: the
+    part of the image that meets the centre, clipped to the 2s x 2s canvas."""
+    h, w = hw
+    xc, yc, s2 = g.xc, g.yc, 2 * g.size
+    if k == 0:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+        x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+    elif k == 1:
+        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s2), yc
+        x1b, y1b = 0, h - (y2a - y1a)
+    elif k == 2:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s2, yc + h)
+        x1b, y1b = w - (x2a - x1a), 0
+    else:
+        x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s2), min(s2, yc + h)
+        x1b, y1b = 0, 0
+    return TilePlacement(x0=x1b, y0=y1b, w=x2a - x1a, h=y2a - y1a, cx=x1a, cy=y1a)
+
+
+def _tile_matrix(t: TilePlacement, g: MosaicGeometry) -> np.ndarray:
+    """Crop pixel → canvas → output."""
+    return g.matrix @ _translation(t.cx, t.cy)
+
+
+def _warp_region(
+    out_wh: tuple[int, int], crop_wh: tuple[int, int], m: np.ndarray
+) -> tuple[int, int, int, int] | None:
+    """The output rectangle (x0, y0, x1, y1) `_paste_warped` warps into: the bounding box of the crop's
+    footprint under `m`, one pixel wider on each side, clipped to the output; None when empty."""
+    cw, ch = crop_wh
+    if ch == 0 or cw == 0:
+        return None
+    ow, oh = out_wh
+    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
+    x0, y0 = max(int(math.floor(footprint[0])) - 1, 0), max(int(math.floor(footprint[1])) - 1, 0)
+    x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
+    if x1 <= x0 or y1 <= y0:
+        return None
+    return x0, y0, x1, y1
+
+
+_TAP_MARGIN = 2
+"""Source pixels added on each side of the mapped-back output rectangle: the bilinear taps reach one pixel
+past the mapped point, and OpenCV maps with fixed-point arithmetic (1/1024 px), so two is ample."""
+
+
+def tile_source_rect(k: int, hw: tuple[int, int], g: MosaicGeometry) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1) in pixels of tile k's image (of `hw`): every pixel the mosaic's warp of that tile
+    can read, or None when the tile does not show. Only for an affine matrix (no perspective: the
+    inverse image of a rectangle is then a parallelogram, bounded by its four corners).
+
+    The mosaic output depends on the tile image only through these pixels: the rest may hold anything
+    (tests/unit/test_data_roi_mosaic.py fills it with noise)."""
+    m_full = g.matrix
+    if m_full[2, 0] or m_full[2, 1]:
+        raise ValueError("tile_source_rect needs an affine matrix (perspective 0)")
+    t = tile_placement(k, hw, g)
+    m = _tile_matrix(t, g)
+    region = _warp_region((g.size, g.size), (t.w, t.h), m)
+    if region is None:
+        return None
+    x0, y0, x1, y1 = region
+    inv = np.linalg.inv(m)
+    corners = np.array([[x0, y0, 1], [x1 - 1, y0, 1], [x0, y1 - 1, 1], [x1 - 1, y1 - 1, 1]], np.float64)
+    src = corners @ inv.T
+    sx0 = max(int(math.floor(src[:, 0].min())) - _TAP_MARGIN, 0)
+    sy0 = max(int(math.floor(src[:, 1].min())) - _TAP_MARGIN, 0)
+    sx1 = min(int(math.ceil(src[:, 0].max())) + _TAP_MARGIN + 1, t.w)
+    sy1 = min(int(math.ceil(src[:, 1].max())) + _TAP_MARGIN + 1, t.h)
+    if sx1 <= sx0 or sy1 <= sy0:
+        return None
+    return sx0 + t.x0, sy0 + t.y0, sx1 + t.x0, sy1 + t.y0
+
+
 def mosaic(
     tiles: list[tuple[np.ndarray, np.ndarray]], size: int, p: AugmentParams, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -156,35 +269,30 @@ def mosaic(
     2s x 2s canvas filled with 114 (tile 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right), then
     the random affine maps the canvas to s x s. Each tile is warped directly into the output.
     """
-    s = size
-    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
-    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    return compose_mosaic(iter(tiles), draw_mosaic_geometry(size, p, rng))
+
+
+def compose_mosaic(
+    tiles: Iterator[tuple[np.ndarray, np.ndarray]], g: MosaicGeometry
+) -> tuple[np.ndarray, np.ndarray]:
+    """The mosaic of four tiles with geometry `g`: (uint8 [s, s, 3], labels [m, 5] cls+xyxy px).
+
+    `tiles` is consumed one tile at a time, each warped into the output before the next is taken, so a
+    producer may hand out the same buffer for every tile (`YoloDataset` does, for decoded regions)."""
+    s = g.size
     out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
     all_labels = []
     for k, (img, labels) in enumerate(tiles):
-        h, w = img.shape[:2]
-        if k == 0:
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-        elif k == 1:
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
-            x1b, y1b = 0, h - (y2a - y1a)
-        elif k == 2:
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
-            x1b, y1b = w - (x2a - x1a), 0
-        else:
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
-            x1b, y1b = 0, 0
-        crop = img[y1b : y1b + (y2a - y1a), x1b : x1b + (x2a - x1a)]
-        tile_m = m @ _translation(x1a, y1a)  # crop pixel → canvas → output
-        _paste_warped(out, crop, tile_m)
+        t = tile_placement(k, img.shape[:2], g)
+        crop = img[t.y0 : t.y0 + t.h, t.x0 : t.x0 + t.w]
+        _paste_warped(out, crop, _tile_matrix(t, g))
         shifted = labels.copy()
-        shifted[:, [1, 3]] += x1a - x1b
-        shifted[:, [2, 4]] += y1a - y1b
+        shifted[:, [1, 3]] += t.cx - t.x0
+        shifted[:, [2, 4]] += t.cy - t.y0
         all_labels.append(shifted)
     labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
-    return out, _apply_box_transform(labels, m, scale, (s, s))
+    return out, _apply_box_transform(labels, g.matrix, g.scale, (s, s))
 
 
 def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
@@ -195,15 +303,10 @@ def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
     a pixel against the labels (the release warps the canvas; measured: mean |difference| 7.0 grey
     levels against the canvas warp, 0.4 for the warp, only at tile seams), and at small image sizes that
     cost accuracy (docs/ACCURACY.md)."""
-    ch, cw = crop.shape[:2]
-    if ch == 0 or cw == 0:
+    region_box = _warp_region((out.shape[1], out.shape[0]), (crop.shape[1], crop.shape[0]), m)
+    if region_box is None:
         return
-    oh, ow = out.shape[:2]
-    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
-    x0, y0 = max(int(math.floor(footprint[0])) - 1, 0), max(int(math.floor(footprint[1])) - 1, 0)
-    x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
-    if x1 <= x0 or y1 <= y0:
-        return
+    x0, y0, x1, y1 = region_box
     # straight into the view of `out` (OpenCV takes a row-strided view as its dst and writes through
     # it): no copy of the region out and back; copied only if a build of OpenCV ever hands back another array
     region = out[y0:y1, x0:x1]
