@@ -175,8 +175,9 @@ def test_scaled_paste_is_the_warp():
     assert (fast != exact).any(-1).sum() <= 100 + 100  # at most the rim row and column
 
 
-def _paste_warped_by_copy(out, crop, m):
-    """The paste as it was before the in-place warp: the region copied out, warped, copied back."""
+def _paste_warped_by_copy(out, crop, m, region_box=None):
+    """The paste as it was before the in-place warp: the region copied out, warped, copied back (its
+    region computed here as it was, whatever the caller passes)."""
     ch, cw = crop.shape[:2]
     if ch == 0 or cw == 0:
         return

@@ -1,4 +1,4 @@
-"""Region decoding (data/jpeg_roi.py, the C library built by the Dockerfile) gives exactly the pixels of
+"""Region decoding (data/jpeg_roi.py over the C library data/native.c, built by the Dockerfile) gives exactly the pixels of
 OpenCV's full decode inside the wanted rectangle, on every sampling and size it accepts, at the image's
 edges; and the files it must not handle (greyscale, Exif-rotated, another size, corrupt) are declined, so
 the caller decodes them whole."""
@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from yolov5_smddp.data import jpeg_roi
+from yolov5_smddp.data import jpeg_roi, native
 from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
 
 
 @pytest.fixture(scope="module")
 def lib():
     found = region_decoder()
-    if found is None and jpeg_roi.library_path().exists():
-        pytest.fail(f"{jpeg_roi.library_path()} is there but fails to load or its self-check (see the log)")
+    if found is None and native.library_path().exists():
+        pytest.fail(f"{native.library_path()} is there but fails to load or its self-check (see the log)")
     if found is None:
-        pytest.skip(f"JPEG region decoder not built ({jpeg_roi.library_path()}): the Dockerfile builds it")
+        pytest.skip(f"native library not built ({native.library_path()}): the Dockerfile builds it")
     return found
 
 
@@ -148,7 +148,8 @@ def test_files_it_must_not_handle_are_declined(lib, case):
 
 def test_a_missing_library_turns_the_path_off(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(jpeg_roi, "_state", {})
-    monkeypatch.setenv(jpeg_roi.LIBRARY_ENV, str(tmp_path / "absent.so"))
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv(native.LIBRARY_ENV, str(tmp_path / "absent.so"))
     with caplog.at_level("INFO", logger="yolov5_smddp.data.jpeg_roi"):
         assert region_decoder() is None
         assert region_decoder() is None

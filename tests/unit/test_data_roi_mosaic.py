@@ -104,7 +104,7 @@ def index(tmp_path_factory):
 
 def test_samples_with_region_decoding_equal_the_whole_image_samples(index, monkeypatch):
     if region_decoder() is None:
-        pytest.skip("JPEG region decoder not built: the Dockerfile builds it")
+        pytest.skip("native library not built: the Dockerfile builds it")
     real = dataset_module.decode_region
     calls = {"region": 0, "ok": 0}
     noise = np.random.default_rng(9)

@@ -11,12 +11,17 @@ placement folded into its matrix (same geometry, no large canvas, one pass over 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import cv2
 import numpy as np
+
+from yolov5_smddp.data import native
+
+log = logging.getLogger(__name__)
 
 PAD_VALUE = 114
 
@@ -162,6 +167,8 @@ class MosaicGeometry:
     """float64 [3, 3]: canvas pixels → output pixels (the random affine)."""
     scale: float
     """The affine's scale factor (for `box_candidates`)."""
+    tiles: dict = field(default_factory=dict, compare=False, repr=False)
+    """Memo of `plan_tile` per (k, h, w): the dataset and `compose_mosaic` both ask for each tile."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,18 @@ def _tile_matrix(t: TilePlacement, g: MosaicGeometry) -> np.ndarray:
     return g.matrix @ _translation(t.cx, t.cy)
 
 
+def plan_tile(k: int, hw: tuple[int, int], g: MosaicGeometry):
+    """(placement, crop → output matrix, output region or None) of tile k of an image of `hw` pixels,
+    computed once per geometry and tile."""
+    key = (k, int(hw[0]), int(hw[1]))
+    plan = g.tiles.get(key)
+    if plan is None:
+        t = tile_placement(k, hw, g)
+        m = _tile_matrix(t, g)
+        plan = g.tiles[key] = (t, m, _warp_region((g.size, g.size), (t.w, t.h), m))
+    return plan
+
+
 def _warp_region(
     out_wh: tuple[int, int], crop_wh: tuple[int, int], m: np.ndarray
 ) -> tuple[int, int, int, int] | None:
@@ -238,23 +257,26 @@ def tile_source_rect(k: int, hw: tuple[int, int], g: MosaicGeometry) -> tuple[in
     inverse image of a rectangle is then a parallelogram, bounded by its four corners).
 
     The mosaic output depends on the tile image only through these pixels: the rest may hold anything
-    (tests/unit/test_data_roi_mosaic.py fills it with noise)."""
-    m_full = g.matrix
-    if m_full[2, 0] or m_full[2, 1]:
+    (tests/unit/test_data_roi_mosaic.py fills it with noise; one pixel less on any side fails it)."""
+    if g.matrix[2, 0] or g.matrix[2, 1]:
         raise ValueError("tile_source_rect needs an affine matrix (perspective 0)")
-    t = tile_placement(k, hw, g)
-    m = _tile_matrix(t, g)
-    region = _warp_region((g.size, g.size), (t.w, t.h), m)
+    t, m, region = plan_tile(k, hw, g)
     if region is None:
         return None
     x0, y0, x1, y1 = region
-    inv = np.linalg.inv(m)
-    corners = np.array([[x0, y0, 1], [x1 - 1, y0, 1], [x0, y1 - 1, 1], [x1 - 1, y1 - 1, 1]], np.float64)
-    src = corners @ inv.T
-    sx0 = max(int(math.floor(src[:, 0].min())) - _TAP_MARGIN, 0)
-    sy0 = max(int(math.floor(src[:, 1].min())) - _TAP_MARGIN, 0)
-    sx1 = min(int(math.ceil(src[:, 0].max())) + _TAP_MARGIN + 1, t.w)
-    sy1 = min(int(math.ceil(src[:, 1].max())) + _TAP_MARGIN + 1, t.h)
+    # the inverse of [[a, b, c], [d, e, f]] in plain floats (a bound with a margin: no exact rounding needed)
+    a, b, c, d, e, f = (float(v) for v in m[:2].reshape(-1))
+    det = a * e - b * d
+    ia, ib, id_, ie = e / det, -b / det, -d / det, a / det
+    ic, if_ = -(ia * c + ib * f), -(id_ * c + ie * f)
+    xs, ys = [], []
+    for u, v in ((x0, y0), (x1 - 1, y0), (x0, y1 - 1), (x1 - 1, y1 - 1)):
+        xs.append(ia * u + ib * v + ic)
+        ys.append(id_ * u + ie * v + if_)
+    sx0 = max(math.floor(min(xs)) - _TAP_MARGIN, 0)
+    sy0 = max(math.floor(min(ys)) - _TAP_MARGIN, 0)
+    sx1 = min(math.ceil(max(xs)) + _TAP_MARGIN + 1, t.w)
+    sy1 = min(math.ceil(max(ys)) + _TAP_MARGIN + 1, t.h)
     if sx1 <= sx0 or sy1 <= sy0:
         return None
     return sx0 + t.x0, sy0 + t.y0, sx1 + t.x0, sy1 + t.y0
@@ -283,9 +305,9 @@ def compose_mosaic(
     out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
     all_labels = []
     for k, (img, labels) in enumerate(tiles):
-        t = tile_placement(k, img.shape[:2], g)
-        crop = img[t.y0 : t.y0 + t.h, t.x0 : t.x0 + t.w]
-        _paste_warped(out, crop, _tile_matrix(t, g))
+        t, m, region = plan_tile(k, img.shape[:2], g)
+        if region is not None:
+            _paste_warped(out, img[t.y0 : t.y0 + t.h, t.x0 : t.x0 + t.w], m, region)
         shifted = labels.copy()
         shifted[:, [1, 3]] += t.cx - t.x0
         shifted[:, [2, 4]] += t.cy - t.y0
@@ -295,15 +317,18 @@ def compose_mosaic(
     return out, _apply_box_transform(labels, g.matrix, g.scale, (s, s))
 
 
-def _paste_warped(out: np.ndarray, crop: np.ndarray, m: np.ndarray) -> None:
+def _paste_warped(
+    out: np.ndarray, crop: np.ndarray, m: np.ndarray, region_box: tuple[int, int, int, int] | None = None
+) -> None:
     """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint.
 
     Always a warp, also when `m` only scales and translates: a cv2.resize placed at a whole output pixel
     would be cheaper, but its half-pixel sampling grid and the rounded placement shift the tile by up to
     a pixel against the labels (the release warps the canvas; measured: mean |difference| 7.0 grey
     levels against the canvas warp, 0.4 for the warp, only at tile seams), and at small image sizes that
-    cost accuracy (docs/ACCURACY.md)."""
-    region_box = _warp_region((out.shape[1], out.shape[0]), (crop.shape[1], crop.shape[0]), m)
+    cost accuracy (docs/ACCURACY.md). `region_box`: `_warp_region`'s answer when the caller has it."""
+    if region_box is None:
+        region_box = _warp_region((out.shape[1], out.shape[0]), (crop.shape[1], crop.shape[0]), m)
     if region_box is None:
         return
     x0, y0, x1, y1 = region_box
@@ -334,23 +359,73 @@ def draw_color_params(p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def _hsv_table(params: np.ndarray) -> np.ndarray:
+    """uint8 [256, 1, 3]: the hue, saturation and value gains of `params` as one 3-channel table."""
+    x = np.arange(256, dtype=np.float32)
+    lut = np.empty((256, 1, 3), np.uint8)
+    lut[:, 0, 0] = (x * params[0]) % 180
+    lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
+    lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+    return lut
+
+
+_native_color: dict[str, object] = {}  # "lib": the checked native library for the table + flips, or None
+
+
+def _color_check(lib) -> bool:
+    """The native table + flips give cv2.LUT + cv2.flip's pixels on a small random image."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, (23, 37, 3), dtype=np.uint8)
+    table = rng.integers(0, 256, (256, 1, 3), dtype=np.uint8)
+    for flip_ud, flip_lr in ((False, False), (False, True), (True, False), (True, True)):
+        expected = cv2.LUT(src, table)
+        if flip_ud or flip_lr:
+            expected = cv2.flip(expected, -1 if flip_ud and flip_lr else (0 if flip_ud else 1))
+        got = np.zeros_like(src)
+        native.lut3_flip(lib, src, got, table, flip_lr, flip_ud)
+        if not np.array_equal(got, expected):
+            return False
+    return True
+
+
+def color_lut():
+    """The native library for the HSV table fused with the flips, checked against OpenCV once per process;
+    None (OpenCV's LUT and flip are used) when it is missing or its pixels differ."""
+    if "lib" not in _native_color:
+        lib = native.library()
+        if lib is not None and not _color_check(lib):
+            log.info(
+                "native HSV table off (%s: pixels differ from OpenCV's): using cv2.LUT", native.library_path()
+            )
+            lib = None
+        _native_color["lib"] = lib
+    return _native_color["lib"]
+
+
 def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
     """BGR uint8 [h, w, 3] → a new RGB uint8 image with `params` (see `draw_color_params`) applied: hue,
     saturation and value scaled through one 3-channel lookup table, then the flips.
 
     The colour-order change rides on the HSV → RGB conversion the jitter needs anyway (no extra pass).
+    With the native library the table pass is `native.lut3_flip` (0.43 against cv2.LUT's 0.71 ms at
+    640 x 640: OpenCV's 3-channel table is a scalar loop), which also does the up-down flip: rows are
+    converted alike, so flipping them before HSV → RGB gives the same pixels. Not the left-right flip:
+    OpenCV's HSV → RGB gives some pixels one level apart in its vector body and its scalar tail, so
+    moving pixels along a row before it would change them (measured on widths not a multiple of 32).
     """
+    up_down, left_right = bool(params[4]), bool(params[5])
     if params[3]:
-        x = np.arange(256, dtype=np.float32)
-        lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: a single LUT pass, no split/merge
-        lut[:, 0, 0] = (x * params[0]) % 180
-        lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
-        lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+        lut = _hsv_table(params)
         hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # the one new image; the table and the way back in place
-        img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
+        lib = color_lut()
+        if lib is not None:
+            out = np.empty_like(hsv)
+            native.lut3_flip(lib, hsv, out, lut, flip_lr=False, flip_ud=up_down)
+            img, up_down = cv2.cvtColor(out, cv2.COLOR_HSV2RGB, dst=out), False
+        else:
+            img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
     else:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    up_down, left_right = bool(params[4]), bool(params[5])
     if up_down or left_right:
         img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
     return img

@@ -13,9 +13,8 @@ edges, against `cv2.imdecode`.
 Reduced-DCT-scale decoding (libjpeg's scale_num / scale_denom) is NOT used here: its pixels differ from
 a full decode followed by a resize, and this path must give exactly the full decode's pixels.
 
-The decoder is a small C library (`jpeg_roi.c`, built by the Dockerfile at `DEFAULT_LIBRARY`, or named
-by $YOLOV5_SMDDP_JPEG_ROI_LIB) loaded with ctypes. It is used only when it loads AND passes a
-self-check at first use (an embedded 4:2:0 JPEG decoded in regions, compared with OpenCV's full
+The decoder is in the loader's small C library (`native.c`, built by the Dockerfile; `native.py` loads
+it). It is used only when it loads AND passes a self-check at first use (an embedded 4:2:0 JPEG decoded in regions, compared with OpenCV's full
 decode, so a libjpeg differing from OpenCV's own is caught); otherwise one line is logged and the
 caller decodes whole images with OpenCV, as before. Files it does not handle — not 8-bit 3-component
 YCbCr (greyscale, CMYK, 12-bit), an Exif orientation other than 1 (OpenCV rotates those), a size other
@@ -27,46 +26,19 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-from pathlib import Path
 
 import numpy as np
 
+from yolov5_smddp.data import native
+
 log = logging.getLogger(__name__)
 
-DEFAULT_LIBRARY = Path("/opt/yolov5-smddp/lib/libyolov5_jpeg_roi.so")
-LIBRARY_ENV = "YOLOV5_SMDDP_JPEG_ROI_LIB"
 CONTEXT_MARGIN = 16
 """Pixels added on each side of a wanted rectangle before decoding: one iMCU of the largest common
 sampling (16 px for 4:2:0), so the upsampling context at the region's edges is the full decode's."""
-_ABI = 1
-_OK, _UNSUPPORTED, _FAILED = 0, 1, 2
+_OK = 0
 
 _state: dict[str, object] = {}  # "lib": the checked library, or None when the path is off (per process)
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    lib.yv5_roi_abi.restype = ctypes.c_int
-    lib.yv5_roi_abi.argtypes = []
-    lib.yv5_roi_decode.restype = ctypes.c_int
-    lib.yv5_roi_decode.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_ulong,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_int),
-        ctypes.c_void_p,
-        ctypes.c_long,
-    ]
-    if lib.yv5_roi_abi() != _ABI:
-        raise OSError(f"ABI {lib.yv5_roi_abi()}, expected {_ABI}")
-    return lib
-
-
-def library_path() -> Path:
-    """The library this process loads: $YOLOV5_SMDDP_JPEG_ROI_LIB, else `DEFAULT_LIBRARY`."""
-    return Path(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
 
 
 def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> int:
@@ -79,11 +51,6 @@ def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, 
     return lib.yv5_roi_decode(data, len(data), w, h, box, out.ctypes.data, out.strides[0])
 
 
-def _raw_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int], lib: ctypes.CDLL) -> bool:
-    """Decode `rect` (x0, y0, x1, y1, margin already added) of `data` into `out` (the image's full size)."""
-    return _call(lib, data, out, rect) == _OK
-
-
 def widen(rect: tuple[int, int, int, int], w: int, h: int) -> tuple[int, int, int, int]:
     """`rect` with `CONTEXT_MARGIN` pixels more on each side, clipped to a w x h image."""
     x0, y0, x1, y1 = rect
@@ -91,7 +58,7 @@ def widen(rect: tuple[int, int, int, int], w: int, h: int) -> tuple[int, int, in
     return max(x0 - m, 0), max(y0 - m, 0), min(x1 + m, w), min(y1 + m, h)
 
 
-def _self_check(lib: ctypes.CDLL) -> str | None:
+def _self_check(lib) -> str | None:
     """None when regions decoded by `lib` equal OpenCV's full decode on embedded test images, else why not."""
     import cv2
 
@@ -101,9 +68,8 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
     )
     base = cv2.add(base, rng.integers(0, 24, base.shape, dtype=np.uint8))
     for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422):
-        ok, enc = cv2.imencode(
-            ".jpg", base, [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling]
-        )
+        params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling]
+        ok, enc = cv2.imencode(".jpg", base, params)
         if not ok:
             return "OpenCV cannot encode the test image"
         data = enc.tobytes()
@@ -120,19 +86,12 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
 
 
 def region_decoder() -> ctypes.CDLL | None:
-    """The checked library, loaded and self-checked on first use in this process; None (said once) when
-    it is missing or its pixels are not OpenCV's."""
+    """The checked library, self-checked on first use in this process; None (said once) when it is
+    missing or its pixels are not OpenCV's."""
     if "lib" in _state:
         return _state["lib"]  # type: ignore[return-value]
-    path = library_path()
-    lib = None
-    try:
-        lib = _load(path)
-        problem = _self_check(lib)
-        if problem is not None:
-            problem = f"{path}: {problem}"
-    except OSError as exc:  # the message names the file
-        problem = f"cannot load the library: {exc}"
+    lib = native.library()
+    problem = native.why_not() if lib is None else _self_check(lib)
     if problem is not None:
         lib = None
         log.info("JPEG region decoding off (%s): tiles are decoded whole with OpenCV", problem)
@@ -150,4 +109,4 @@ def decode_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int])
     if lib is None:
         return False
     h, w = out.shape[:2]
-    return _raw_region(data, out, widen(rect, w, h), lib)
+    return _call(lib, data, out, widen(rect, w, h)) == _OK

@@ -1,10 +1,12 @@
-/* Decode one rectangle of a baseline or progressive 8-bit YCbCr JPEG with libjpeg(-turbo)'s cropping and
- * scanline skipping, into a caller's BGR buffer at the rectangle's true offset.
+/* The loader's two pixel loops that OpenCV does not offer at this cost, with exactly OpenCV's pixels:
+ *   - decode one rectangle of a baseline or progressive 8-bit YCbCr JPEG with libjpeg(-turbo)'s cropping
+ *     and scanline skipping, into a caller's BGR buffer at the rectangle's true offset;
+ *   - a per-channel lookup table (the HSV jitter's) fused with the image flips, in one pass.
  *
- * Loaded with ctypes by yolov5_smddp/data/jpeg_roi.py, which owns the policy (which rectangle, the margin
- * for the upsampling context, the self-check against OpenCV, the fall back to the full decode); this file
- * only decodes. Built in the Dockerfile:
- *     gcc -O2 -shared -fPIC -o libyolov5_jpeg_roi.so jpeg_roi.c -ljpeg
+ * Loaded with ctypes by yolov5_smddp/data/native.py; the policy (which rectangle, the margin for the
+ * upsampling context, the self-checks against OpenCV, the fall back to OpenCV) lives in jpeg_roi.py and
+ * augment.py; this file only computes. Built in the Dockerfile:
+ *     gcc -O2 -shared -fPIC -o libyolov5_smddp_native.so native.c -ljpeg
  * It needs libjpeg-turbo >= 1.5 (jpeg_skip_scanlines, jpeg_crop_scanline, JCS_EXT_BGR).
  *
  * The decoder settings are OpenCV's for IMREAD_COLOR (libjpeg's defaults: JDCT_ISLOW, fancy upsampling;
@@ -12,13 +14,17 @@
  * that once per process on an embedded image before using this path.
  *
  * C ABI (all functions return an int status):
- *   yv5_roi_abi()                             -> 1 (the ABI version below)
+ *   yv5_roi_abi()                             -> 2 (the ABI version below)
  *   yv5_roi_decode(data, size, width, height, rect[4], out, stride) -> YV5_ROI_*
  *     data/size: the file's bytes; width/height: the size the caller expects (a mismatch is unsupported);
  *     rect: in = x0, y0, x1, y1 wanted (pixels, clipped by the caller), out = the rectangle written
  *     (x0 rounded down to an iMCU column by libjpeg, x1 up); out/stride: the first pixel of a
  *     height x width x 3 uint8 buffer and its row stride in bytes. Only the rows and columns of the
  *     written rectangle are touched.
+ *   yv5_lut3_flip(src, src_stride, dst, dst_stride, height, width, table, flip_lr, flip_ud) -> 0
+ *     dst[y', x', c] = table[3 * src[y, x, c] + c] for uint8 [height, width, 3] images (strides in bytes),
+ *     with x' = width - 1 - x when flip_lr, y' = height - 1 - y when flip_ud (else x, y); table is
+ *     uint8 [256, 3] (cv2.LUT's 3-channel table). src and dst must not overlap.
  */
 #include <setjmp.h>
 #include <stddef.h>
@@ -27,7 +33,7 @@
 
 #include <jpeglib.h>
 
-#define YV5_ROI_ABI 1
+#define YV5_ROI_ABI 2
 #define YV5_ROI_OK 0
 #define YV5_ROI_UNSUPPORTED 1 /* a file this path does not handle: the caller decodes the whole image */
 #define YV5_ROI_FAILED 2      /* a libjpeg error or warning: the caller decodes the whole image */
@@ -143,4 +149,28 @@ int yv5_roi_decode(const unsigned char *data, unsigned long size, int width, int
     rect[0] = (int)xoff;
     rect[2] = (int)(xoff + xwidth);
     return YV5_ROI_OK;
+}
+
+int yv5_lut3_flip(const unsigned char *src, long src_stride, unsigned char *dst, long dst_stride, int height,
+                  int width, const unsigned char *table, int flip_lr, int flip_ud) {
+    int x, y;
+    for (y = 0; y < height; y++) {
+        const unsigned char *s = src + (ptrdiff_t)y * src_stride;
+        unsigned char *d = dst + (ptrdiff_t)(flip_ud ? height - 1 - y : y) * dst_stride;
+        if (flip_lr) {
+            unsigned char *e = d + 3 * (ptrdiff_t)(width - 1);
+            for (x = 0; x < width; x++, s += 3, e -= 3) {
+                e[0] = table[3 * s[0]];
+                e[1] = table[3 * s[1] + 1];
+                e[2] = table[3 * s[2] + 2];
+            }
+        } else {
+            for (x = 0; x < width; x++, s += 3, d += 3) {
+                d[0] = table[3 * s[0]];
+                d[1] = table[3 * s[1] + 1];
+                d[2] = table[3 * s[2] + 2];
+            }
+        }
+    }
+    return 0;
 }
