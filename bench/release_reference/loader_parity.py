@@ -89,8 +89,8 @@ def main() -> int:
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.jpeg_roi import region_decoder
-    from yolov5_smddp.data.native import library_path
     from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.native import library_path
     from yolov5_smddp.data.pixelcache import DiskPixelCache
 
     hostmem.tune_malloc()  # as our CLI does; the release shares the process, so it gets it too
