@@ -18,6 +18,10 @@ Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
   always top-left: one decode per sample instead of four, but fewer distinct images per batch (partners
   only from the ~32 images decoded last);
 - JPEGs at least twice the target size are decoded at reduced scale (libjpeg DCT scaling);
+- with the release's sampling and no cache, a tile's JPEG (at its stored size) is decoded only where the
+  mosaic's warp reads it (`region_decode`, `data.jpeg_roi`: libjpeg-turbo's column cropping and scanline
+  skipping; the centre and the affine are drawn before any decode): exactly the pixels of the whole
+  decode (tests/unit/test_data_roi_mosaic.py), at ~0.6 of its cost for 640x480 tiles at 640;
 - RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
   pages copy-on-write); under DDP each rank holds only its shard, so a node holds the dataset once.
