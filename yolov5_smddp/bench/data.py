@@ -295,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print(f"{'measurement':<50}{'value':>12}")
     for key, value in results.items():
-        ratio = key.endswith(("_of_ceiling", "_vs_release"))
+        ratio = key.endswith(("_of_ceiling", "_of_region_ceiling", "_vs_release"))
         shown = f"{value:.2f}" if ratio else f"{value:,.1f}" if isinstance(value, float) else str(value)
         print(f"{key:<50}{shown:>12}")
     if args.json is not None:
