@@ -38,7 +38,7 @@ RUN mkdir -p "$MPLCONFIGDIR" \
 # it on both), loaded with ctypes from this fixed path. Each use falls back to OpenCV whenever it is absent or
 # fails its self-check; a failed compile fails the build, so CI never tests an image without it.
 COPY yolov5_smddp/data/native.c /opt/yolov5-smddp/src/native.c
-RUN apt-get update -qq \
+RUN (apt-get update -qq || echo "apt-get update reported errors (a third-party list?): installing from the rest") \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev \
     && rm -rf /var/lib/apt/lists/* \
     && mkdir -p /opt/yolov5-smddp/lib \

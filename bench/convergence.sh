@@ -60,16 +60,22 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
     echo "$(date -u +%H:%M:%S) training $name" >&2
     started=$(date +%s)
     case "$variant" in
-        release)
-            run "$dir/train.log" "$here" -m yolov5.train --data /out/data/data.yaml --cfg "$CFG.yaml" \
+        release | release-ourdata)
+            # release-ourdata: the release's trainer fed by OUR training pipeline (swap.py, issue 27)
+            train=(-m yolov5.train)
+            [[ "$variant" == release-ourdata ]] && train=(/src/bench/release_reference/swap.py release-on-ours --)
+            run "$dir/train.log" "$here" "${train[@]}" --data /out/data/data.yaml --cfg "$CFG.yaml" \
                 --weights "" --hyp /out/hyp.yaml --img "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" \
                 --seed "$seed" --device cpu --project /out/runs --name "$name" --exist-ok --noplots
             best="/out/runs/$name/weights/best.pt" ;;
-        ours | ours-before)
+        ours | ours-before | ours-reldata)
             src="$here"
             [[ "$variant" == ours-before ]] && src="$out/src-before"
+            # ours-reldata: our trainer fed by the RELEASE's training pipeline (swap.py, issue 27)
+            train=(-m yolov5_smddp train)
+            [[ "$variant" == ours-reldata ]] && train=(/src/bench/release_reference/swap.py ours-on-release -- train)
             # shellcheck disable=SC2086  # OURS_ARGS: words on purpose
-            run "$dir/train.log" "$src" -m yolov5_smddp train --data /out/data/data.yaml --cfg "$CFG" \
+            run "$dir/train.log" "$src" "${train[@]}" --data /out/data/data.yaml --cfg "$CFG" \
                 --imgsz "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" --seed "$seed" \
                 --model-dir "/out/runs/$name/model" --output-dir "/out/runs/$name/output" \
                 --checkpoint-dir "/out/runs/$name/checkpoints" --cache-dir "/out/cache/$name" "${ours_hyp[@]}" $OURS_ARGS

@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-_METRIC = re.compile(r"(?<![\w-])(mAP50-95|mAP50)=([0-9.]+)")
+_METRIC = re.compile(r"(?<![\w-])(mAP50-95|mAP50)=([0-9.]+(?:[eE][-+]?[0-9]+)?)")
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -73,18 +73,70 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _curve(run: Path) -> list[float]:
-    """Per-epoch mAP50-95 from the trainer's own validation (ours: output/results.csv; the release:
-    results.csv with space-padded headers)."""
-    for path, key in (
-        (run / "output" / "results.csv", "mAP50-95"),
-        (run / "results.csv", "metrics/mAP_0.5:0.95"),
-    ):
+_SERIES = {  # name: (our output/results.csv column, the release's results.csv column)
+    "mAP50-95": ("mAP50-95", "metrics/mAP_0.5:0.95"),
+    "box": ("box_loss", "train/box_loss"),
+    "obj": ("obj_loss", "train/obj_loss"),
+    "cls": ("cls_loss", "train/cls_loss"),
+}
+
+
+def _series(run: Path, name: str) -> list[float]:
+    """One per-epoch column of the trainer's own results (ours: output/results.csv; the release:
+    results.csv with space-padded headers): mAP50-95 of its validation, or a training loss."""
+    for path, key in zip((run / "output" / "results.csv", run / "results.csv"), _SERIES[name]):
         if path.is_file():
             with path.open(newline="") as handle:
                 rows = [{k.strip(): v.strip() for k, v in row.items() if k} for row in csv.DictReader(handle)]
             return [float(r[key]) for r in rows if r.get(key)]
     return []
+
+
+def _curve(run: Path) -> list[float]:
+    return _series(run, "mAP50-95")
+
+
+def _train_loss(run: Path) -> list[float]:
+    """Training loss per epoch (box + obj + cls, each the epoch's mean, as both trainers log them)."""
+    parts = [_series(run, name) for name in ("box", "obj", "cls")]
+    return [sum(v) for v in zip(*parts)]
+
+
+def _curves_side_by_side(
+    runs: list[dict],
+    key: str = "curve",
+    title: str = "mAP50-95 by epoch (own validation)",
+    every: int = 3,
+    tail: int = 5,
+) -> list[str]:
+    """A per-epoch series (`key` of each run) of every run and of each variant's mean over its seeds, every
+    `every`-th epoch (4, 7, 10, ...), and the mean of the last `tail` epochs: where curves cross."""
+    length = max((len(r[key]) for r in runs), default=0)
+    if not length:
+        return []
+    epochs = list(range(1 + every, length + 1, every)) or [length]  # 4, 7, 10, ... as in issue 27
+    header = "| run | " + " | ".join(str(e) for e in epochs) + f" | last {tail} mean |"
+    lines = [
+        f"{title}, side by side:",
+        "",
+        header,
+        "|---" * (len(epochs) + 2) + "|",
+    ]
+
+    def row(name: str, curve: list[float]) -> str:
+        cells = [f"{curve[e - 1]:.3f}" if e <= len(curve) else "" for e in epochs]
+        last = f"{statistics.mean(curve[-tail:]):.3f}" if curve else ""
+        return f"| {name} | " + " | ".join(cells) + f" | {last} |"
+
+    by_variant: dict[str, list[list[float]]] = {}
+    for r in sorted(runs, key=lambda r: (r["seed"], r["variant"])):
+        lines.append(row(f"{r['variant']}, seed {r['seed']}", r[key]))
+        if len(r[key]) == length:
+            by_variant.setdefault(r["variant"], []).append(r[key])
+    for variant, curves in by_variant.items():
+        mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
+        lines.append(row(f"**{variant}, mean of {len(curves)}**", mean))
+    return lines
 
 
 def _table(args: argparse.Namespace) -> int:
@@ -94,7 +146,8 @@ def _table(args: argparse.Namespace) -> int:
         meta = json.loads(meta_path.read_text())
         score_path = meta_path.parent / "score.json"
         score = json.loads(score_path.read_text()) if score_path.is_file() else {}
-        runs.append({**meta, **score, "curve": _curve(meta_path.parent)})
+        run = meta_path.parent
+        runs.append({**meta, **score, "curve": _curve(run), "train_loss": _train_loss(run)})
     if not runs:
         print(f"no runs under {out}/runs", file=sys.stderr)
         return 1
@@ -123,6 +176,8 @@ def _table(args: argparse.Namespace) -> int:
             f"{statistics.mean(b):.4f} ({min(b):.4f}..{max(b):.4f}) | "
             f"{statistics.mean(r['wall_s'] for r in mine) / 60:.1f} |"
         )
+    lines += ["", *_curves_side_by_side(runs)]
+    lines += ["", *_curves_side_by_side(runs, "train_loss", "Training loss (box + obj + cls) by epoch")]
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     print(text)

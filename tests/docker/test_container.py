@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from stopping import STOPPED_MODEL_FILES, model_files
 
 from tests.docker.conftest import TINY_HPS, opt_ml_mounts, opt_ml_tree
 from tests.docker.engine import Engine, bind, logs, wait_for_log
@@ -124,15 +125,8 @@ def stop_mid_training(engine: Engine, image: str, root: Path, dataset: Path) -> 
     failure = (root / "output" / "failure").read_text()
     assert failure.startswith("Training was stopped by SIGTERM") and "Traceback" not in failure
     model = root / "model"
-    files = sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file())
-    assert files == [
-        "best.onnx",
-        "best.pt",
-        "best.torchscript",
-        "code/inference.py",
-        "config.json",
-        "metrics.json",
-    ], files
+    files = model_files(model)
+    assert files == STOPPED_MODEL_FILES, files
     metrics = json.loads((model / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["weights_from"] == "best", metrics
     assert re.fullmatch(r"(in|after) epoch \d+", metrics["stopped"]) and metrics["epochs"] >= 1, metrics

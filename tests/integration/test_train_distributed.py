@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from launchers import mpirun, single, torchrun
+from stopping import STOPPED_MODEL_FILES, model_files, run_until
 
 pytestmark = pytest.mark.slow
 
@@ -138,32 +138,21 @@ def test_a_stop_of_two_ranks_leaves_the_model_folder(tmp_path, data, launcher):
     out = tmp_path / "run"
     options = _options(out, data, "--backend", "gloo", "--epochs", "30", "--workers", "1", "--log-every", "1")
     launch = (torchrun if launcher == "torchrun" else mpirun)([*_train_module(), *options])
-    proc = subprocess.Popen(
-        launch.cmd, env=launch.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    stopped: list[int] = []
+
+    def stop_the_ranks(proc) -> None:
+        stopped.extend(_ranks_of(proc.pid))
+        for pid in stopped:
+            os.kill(pid, signal.SIGTERM)
+
+    code, output = run_until(
+        launch.cmd, lambda line: "epoch=2 step=1 " in line, stop_the_ranks, env=launch.env
     )
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "epoch=2 step=1 " in line:
-            ranks = _ranks_of(proc.pid)
-            assert len(ranks) == 2, "".join(seen)[-3000:]
-            for pid in ranks:
-                os.kill(pid, signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=300)
-    output = "".join(seen) + rest
-    assert proc.returncode != 0, output[-3000:]  # the launcher reports its ranks' 143
+    assert len(stopped) == 2, output[-3000:]
+    assert code != 0, output[-3000:]  # the launcher reports its ranks' 143
     assert "LoaderWorkerDied" not in output and "/dev/shm" not in output, output[-3000:]
     assert output.count("model folder written after the SIGTERM") == 1, output[-3000:]
     model = out / "model"
-    files = sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file())
-    assert files == [
-        "best.onnx",
-        "best.pt",
-        "best.torchscript",
-        "code/inference.py",
-        "config.json",
-        "metrics.json",
-    ], output[-3000:]
+    assert model_files(model) == STOPPED_MODEL_FILES, output[-3000:]
     metrics = json.loads((model / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["world_size"] == 2 and metrics["weights_from"] == "best"

@@ -4,7 +4,6 @@ loss, and a bad option failing before any work. Each test runs the real CLI in a
 import csv
 import importlib.util
 import json
-import signal
 import subprocess
 import sys
 import tarfile
@@ -16,6 +15,7 @@ import pytest
 import torch
 from child_env import child_env as _env  # this checkout first on PYTHONPATH, no rank variables
 from detections import assert_same_detections, run_handler
+from stopping import STOPPED_MODEL_FILES, model_files, run_until
 
 pytestmark = pytest.mark.slow
 
@@ -184,15 +184,8 @@ def _tiny_dataset(root: Path) -> Path:
 def _assert_stopped_model_folder(model_dir: Path, stopped: str, weights_from: str, tmp_path: Path) -> dict:
     """The model folder a stopped job leaves: best.pt that loads and predicts, the handler, config.json,
     metrics.json saying where the stop came, and (time allowing: here plenty) the exports."""
-    files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
-    assert files == [
-        "best.onnx",
-        "best.pt",
-        "best.torchscript",
-        "code/inference.py",
-        "config.json",
-        "metrics.json",
-    ], files
+    files = model_files(model_dir)
+    assert files == STOPPED_MODEL_FILES, files
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert (metrics["interrupted"], metrics["stopped"], metrics["weights_from"]) == (
         True,
@@ -223,18 +216,10 @@ def test_sigterm_in_the_first_epoch_leaves_a_model_folder_with_the_last_weights(
     data = _tiny_dataset(tmp_path / "data")
     out = tmp_path / "run"
     cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4")
-    proc = subprocess.Popen(
-        [*cmd, "--log-every", "1"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    code, output = run_until(
+        [*cmd, "--log-every", "1"], lambda line: line.startswith("epoch=1 step=3 "), env=_env()
     )
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("epoch=1 step=3 "):
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=300)
-    output = "".join(seen) + rest
-    assert proc.returncode == 143, output[-3000:]
+    assert code == 143, output[-3000:]
     assert "interrupted in epoch 1" in output and "Traceback" not in output
     metrics = _assert_stopped_model_folder(out / "model", "in epoch 1", "last", tmp_path)
     assert metrics["epochs"] == 0 and metrics["final"] is None
@@ -252,18 +237,9 @@ def test_sigterm_while_the_job_is_set_up_stops_it_at_its_first_step(tmp_path):
     data = _tiny_dataset(tmp_path / "data")
     out = tmp_path / "run"
     cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "3", "--batch-size", "4")
-    proc = subprocess.Popen(
-        [*cmd, "--log-every", "1"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("backend="):  # the first line of the run, before the model exists
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=300)
-    output = "".join(seen) + rest
-    assert proc.returncode == 143, output[-3000:]
+    # at the first line of the run, before the model exists
+    code, output = run_until([*cmd, "--log-every", "1"], lambda line: line.startswith("backend="), env=_env())
+    assert code == 143, output[-3000:]
     assert "interrupted in epoch 1" in output and "Traceback" not in output
     assert "epoch=1 step=2 " not in output  # stopped at its first step
     metrics = _assert_stopped_model_folder(out / "model", "in epoch 1", "last", tmp_path)
@@ -295,23 +271,14 @@ def test_sigterm_after_epoch_1_then_resume_with_the_same_learning_rates(tmp_path
     assert baseline.returncode == 0, baseline.stderr[-3000:]
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
+    code, output = run_until(
         _train_cmd(run_dir, *common),
+        lambda line: line.startswith("epoch=1 epochs=3"),
         env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         cwd=tmp_path,
+        timeout=120,  # SageMaker's SIGKILL follows 120 s after the SIGTERM
     )
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("epoch=1 epochs=3"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=120)  # SageMaker's SIGKILL follows 120 s after the SIGTERM
-    output = "".join(seen) + rest
-    assert proc.returncode == 143, output[-3000:]
+    assert code == 143, output[-3000:]
     # caught either between epochs ("after epoch 1") or inside epoch 2 ("in epoch 2", which restarts)
     assert "SIGTERM received" in output
     assert "interrupted after epoch 1" in output or "interrupted in epoch 2" in output
@@ -346,16 +313,8 @@ def test_sigterm_after_the_last_epoch_still_writes_the_model(tmp_path):
     data = make_default_dataset(tmp_path / "data", n_train=16, n_val=600, imgsz=128, seed=1)
     out = tmp_path / "run"
     cmd = _train_cmd(out, "--data", str(data), "--imgsz", "64", "--epochs", "1", "--batch-size", "8")
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("epoch=1 epochs=1"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=300)
-    output = "".join(seen) + rest
-    assert proc.returncode == 0, output[-3000:]
+    code, output = run_until(cmd, lambda line: line.startswith("epoch=1 epochs=1"), env=_env())
+    assert code == 0, output[-3000:]
     assert "SIGTERM received" in output
     assert "SIGTERM after the last epoch" in output
     assert torch.load(out / "model" / "best.pt", weights_only=True)

@@ -13,10 +13,9 @@ import torch
 from datatree import watch
 
 from yolov5_smddp.boxes import scale_boxes
-from yolov5_smddp.data import augment
 from yolov5_smddp.data.augment import (
     AugmentParams,
-    _paste_warped,
+    _apply_box_transform,
     apply_color_hwc,
     box_candidates,
     draw_color_params,
@@ -159,41 +158,56 @@ def test_hsv_jitter_exact_values_and_rgb_order():
     assert (out == int(np.clip(np.float32(100) * np.float32(gain), 0, 255))).all()
 
 
-def test_scaled_paste_is_the_warp():
-    rng = np.random.default_rng(0)
-    crop = cv2.resize(
-        rng.integers(0, 256, (12, 16, 3), dtype=np.uint8), (160, 120), interpolation=cv2.INTER_CUBIC
-    )
-    m = np.array([[0.8, 0.0, -30.3], [0.0, 0.8, 17.6], [0.0, 0.0, 1.0]])
-    fast = np.full((100, 100, 3), 114, np.uint8)
-    _paste_warped(fast, crop, m)
-    exact = cv2.warpAffine(crop, m[:2], (100, 100), borderValue=(114, 114, 114))
-    # the same sampling as the warp; only the tile's one-pixel rim inside the output (row 17, column 97:
-    # its edges land at y 17.6 and x 97.7) may differ, where the warp blends the crop with its border
-    inner = (slice(18, 100), slice(0, 97))
-    np.testing.assert_array_equal(fast[inner], exact[inner])
-    assert (fast != exact).any(-1).sum() <= 100 + 100  # at most the rim row and column
+def _release_canvas_mosaic(tiles, s, params, rng):
+    """The release's mosaic written out independently: each whole tile pasted at its corner of the
+    centre on a padded canvas of 114, the padding cut off (so the 2s x 2s canvas), one warp of the whole
+    canvas by the same draws (centre, then the affine)."""
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), params, rng)
+    pad = max(max(t[0].shape[:2]) for t in tiles)
+    big = np.full((2 * s + 2 * pad, 2 * s + 2 * pad, 3), 114, np.uint8)
+    shifted = []
+    for k, (img, labels) in enumerate(tiles):
+        h, w = img.shape[:2]
+        left = xc - w if k in (0, 2) else xc  # tiles 0, 2 end at the centre's column; 1, 3 start there
+        top = yc - h if k in (0, 1) else yc
+        big[pad + top : pad + top + h, pad + left : pad + left + w] = img
+        moved = labels.copy()
+        moved[:, [1, 3]] += left
+        moved[:, [2, 4]] += top
+        shifted.append(moved)
+    canvas = big[pad : pad + 2 * s, pad : pad + 2 * s]
+    warp = cv2.warpPerspective if (m[2, 0] or m[2, 1]) else cv2.warpAffine
+    out = warp(canvas, m if warp is cv2.warpPerspective else m[:2], (s, s), borderValue=(114, 114, 114))
+    labels = np.concatenate(shifted)
+    labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
+    return out, _apply_box_transform(labels, m, scale, (s, s))
 
 
-def _paste_warped_by_copy(out, crop, m, region_box=None):
-    """The paste as it was before the in-place warp: the region copied out, warped, copied back (its
-    region computed here as it was, whatever the caller passes)."""
-    ch, cw = crop.shape[:2]
-    if ch == 0 or cw == 0:
-        return
-    oh, ow = out.shape[:2]
-    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
-    x0, y0 = max(int(np.floor(footprint[0])) - 1, 0), max(int(np.floor(footprint[1])) - 1, 0)
-    x1, y1 = min(int(np.ceil(footprint[2])) + 1, ow), min(int(np.ceil(footprint[3])) + 1, oh)
-    if x1 <= x0 or y1 <= y0:
-        return
-    roi = np.ascontiguousarray(out[y0:y1, x0:x1])
-    shift = np.array([[1.0, 0, -x0], [0, 1, -y0], [0, 0, 1]]) @ m
-    if m[2, 0] or m[2, 1]:
-        cv2.warpPerspective(crop, shift, (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
-    else:
-        cv2.warpAffine(crop, shift[:2], (x1 - x0, y1 - y0), dst=roi, borderMode=cv2.BORDER_TRANSPARENT)
-    out[y0:y1, x0:x1] = roi
+@pytest.mark.parametrize(
+    "hyp",
+    [{}, {"degrees": 10.0, "shear": 3.0, "scale": 0.9}, {"perspective": 0.0008, "translate": 0.3}],
+)
+def test_mosaic_pixels_are_the_release_canvas_warp(hyp):
+    """Every pixel of our mosaic equals the release's whole-canvas warp for the same draws, the seams
+    where tiles meet and the tiles' outer edges included (tiles of odd sizes, partly outside the
+    canvas), although only the window the warp reads is filled, in a reused canvas full of garbage."""
+    params = AugmentParams.from_hyp(hyp)
+    garbage = np.random.default_rng(99).integers(0, 256, (128, 128, 3), dtype=np.uint8)
+    for seed in range(16):
+        rng = np.random.default_rng(seed)
+        tiles = []
+        for _ in range(4):
+            h, w = (int(v) for v in rng.integers(20, 64, 2))
+            img = cv2.resize(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8), (w, h))
+            tiles.append((img, np.array([[0, 2, 3, w - 2, h - 3]], np.float32)))
+        originals = [t[0].copy() for t in tiles]
+        canvas = garbage.copy()
+        ours, our_labels = mosaic(tiles, 64, params, np.random.default_rng(seed), canvas=canvas)
+        release, release_labels = _release_canvas_mosaic(tiles, 64, params, np.random.default_rng(seed))
+        np.testing.assert_array_equal(ours, release)
+        np.testing.assert_array_equal(our_labels, release_labels)
+        assert all(np.array_equal(t[0], o) for t, o in zip(tiles, originals))  # tiles untouched
 
 
 def _apply_color_by_copies(img, params):
@@ -209,33 +223,16 @@ def _apply_color_by_copies(img, params):
     return out
 
 
-@pytest.mark.parametrize(
-    "hyp",
-    [{}, {"degrees": 10.0, "shear": 3.0, "scale": 0.9}, {"perspective": 0.0008, "translate": 0.3}],
-)
-def test_in_place_mosaic_and_colour_are_the_old_pixels(monkeypatch, hyp):
-    """The tiles warped straight into the output and the HSV table applied in place give exactly the
-    pixels of the copying path they replaced (tiles of odd sizes, partly outside the output too)."""
-    params = AugmentParams.from_hyp(hyp)
+def test_in_place_colour_is_the_copying_pixels():
+    """The HSV table applied in place gives exactly the pixels of the copying path it replaced, and
+    leaves its input untouched."""
     for seed in range(12):
         rng = np.random.default_rng(seed)
-        tiles = []
-        for _ in range(4):
-            h, w = (int(v) for v in rng.integers(20, 96, 2))
-            img = cv2.resize(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8), (w, h))
-            tiles.append((img, np.array([[0, 2, 3, w - 2, h - 3]], np.float32)))
-        originals = [t[0].copy() for t in tiles]
-        fast, fast_labels = mosaic(tiles, 64, params, np.random.default_rng(seed))
-        with monkeypatch.context() as patched:
-            patched.setattr(augment, "_paste_warped", _paste_warped_by_copy)
-            slow, slow_labels = mosaic(tiles, 64, params, np.random.default_rng(seed))
-        np.testing.assert_array_equal(fast, slow)
-        np.testing.assert_array_equal(fast_labels, slow_labels)
-        assert all(np.array_equal(t[0], o) for t, o in zip(tiles, originals))  # tiles untouched
+        img = cv2.resize(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8), (64, 48))
         color = draw_color_params(AugmentParams(flipud=0.5), rng)
-        before = fast.copy()
-        np.testing.assert_array_equal(apply_color_hwc(fast, color), _apply_color_by_copies(fast, color))
-        np.testing.assert_array_equal(fast, before)  # the input image untouched
+        before = img.copy()
+        np.testing.assert_array_equal(apply_color_hwc(img, color), _apply_color_by_copies(img, color))
+        np.testing.assert_array_equal(img, before)
 
 
 def test_large_jpeg_decoded_at_reduced_scale_keeps_geometry(tmp_path):

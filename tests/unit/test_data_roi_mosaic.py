@@ -1,6 +1,7 @@
 """The model sees the same data with region decoding: the mosaic reads a tile's image only inside
-`tile_source_rect` (proved with noise everywhere else), and the dataset's samples with the region path
-are identical, pixel for pixel and label for label, to the whole-image path for the same seed."""
+`tile_source_rect` (proved with noise everywhere else, and one pixel less on any side is seen), and the
+dataset's samples with the region path are identical, pixel for pixel and label for label, to the
+whole-image path for the same seed."""
 
 from __future__ import annotations
 
@@ -32,36 +33,70 @@ def _tiles(rng: np.random.Generator, size: int):
     return tiles
 
 
-@pytest.mark.parametrize(
-    "hyp",
-    [{}, {"degrees": 10.0, "shear": 5.0, "translate": 0.2, "scale": 0.9}, {"scale": 0.0, "translate": 0.0}],
-)
+HYPS = [
+    {},
+    {"degrees": 10.0, "shear": 5.0, "translate": 0.2, "scale": 0.9},
+    {"scale": 0.0, "translate": 0.0},
+    {"perspective": 0.0008, "degrees": 5.0},
+]
+
+
+def _with_noise_outside(tiles, g, rng, shrink=None):
+    """The tiles with every pixel outside `tile_source_rect` replaced by noise (with `shrink` = side, the
+    rectangle one pixel smaller on that side first)."""
+    noisy, shown = [], 0
+    for k, (img, labels) in enumerate(tiles):
+        other = rng.integers(0, 256, img.shape, dtype=np.uint8)
+        other ^= (other == img).astype(np.uint8)  # never the tile's own value
+        rect = tile_source_rect(k, img.shape[:2], g)
+        if rect is not None:
+            x0, y0, x1, y1 = rect
+            if shrink == "left":
+                x0 += 1
+            elif shrink == "top":
+                y0 += 1
+            elif shrink == "right":
+                x1 -= 1
+            elif shrink == "bottom":
+                y1 -= 1
+            other[y0:y1, x0:x1] = img[y0:y1, x0:x1]
+            shown += 1
+        noisy.append((other, labels))
+    return noisy, shown
+
+
+@pytest.mark.parametrize("hyp", HYPS)
 def test_the_mosaic_reads_tiles_only_inside_their_source_rectangles(hyp):
     p = AugmentParams.from_hyp(hyp)
     rng = np.random.default_rng(1)
-    shown = hidden = 0
+    shown = 0
     for seed in range(60):
         size = int(rng.choice([64, 96, 160]))
         tiles = _tiles(rng, size)
         g = draw_mosaic_geometry(size, p, np.random.default_rng(seed))
         expected, expected_labels = compose_mosaic(iter(tiles), g)
-        noisy = []
-        for k, (img, labels) in enumerate(tiles):
-            other = rng.integers(0, 256, img.shape, dtype=np.uint8)  # never the tile's own pixels
-            rect = tile_source_rect(k, img.shape[:2], g)
-            if rect is not None:
-                x0, y0, x1, y1 = rect
-                other[y0:y1, x0:x1] = img[y0:y1, x0:x1]
-                shown += 1
-            else:
-                hidden += 1
-            noisy.append((other, labels))
-        got, got_labels = compose_mosaic(iter(noisy), g)
+        noisy, n = _with_noise_outside(tiles, g, rng)
+        shown += n
+        got, got_labels = compose_mosaic(
+            iter(noisy), g, canvas=rng.integers(0, 256, (2 * size, 2 * size, 3), dtype=np.uint8)
+        )
         assert np.array_equal(got, expected), (hyp, seed)
         assert np.array_equal(got_labels, expected_labels)
     assert shown > 150
-    if hyp.get("scale") != 0.0:  # at scale 1 exactly every tile shows
-        assert hidden > 0
+
+
+@pytest.mark.parametrize("side", ["left", "top", "right", "bottom"])
+def test_one_pixel_less_on_any_side_changes_the_mosaic(side):
+    """The rectangle is no larger than the mosaic needs: one pixel less on any side shows."""
+    rng = np.random.default_rng(4)
+    changed = 0
+    for seed in range(40):
+        tiles = _tiles(rng, 96)
+        g = draw_mosaic_geometry(96, AugmentParams(), np.random.default_rng(seed))
+        expected, _ = compose_mosaic(iter(tiles), g)
+        noisy, _ = _with_noise_outside(tiles, g, rng, shrink=side)
+        changed += not np.array_equal(compose_mosaic(iter(noisy), g)[0], expected)
+    assert changed > 20
 
 
 def test_the_rectangle_is_a_fraction_of_the_image_on_the_default_hyp():
@@ -85,12 +120,6 @@ def test_geometry_first_keeps_the_random_stream():
     a = mosaic(tiles, 96, p, np.random.default_rng(5))
     b = compose_mosaic(iter(tiles), draw_mosaic_geometry(96, p, np.random.default_rng(5)))
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
-
-
-def test_perspective_has_no_source_rectangle():
-    g = draw_mosaic_geometry(64, AugmentParams(perspective=0.0005), np.random.default_rng(0))
-    with pytest.raises(ValueError, match="affine"):
-        tile_source_rect(0, (48, 64), g)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +146,7 @@ def test_samples_with_region_decoding_equal_the_whole_image_samples(index, monke
         return ok
 
     monkeypatch.setattr(dataset_module, "decode_region", noisy_region)
-    for hyp in ({}, {"degrees": 8.0, "shear": 3.0, "mixup": 0.5}):
+    for hyp in ({}, {"degrees": 8.0, "shear": 3.0, "mixup": 0.5}, {"perspective": 0.0005}):
         fast = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11)
         whole = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11, region_decode=False)
         assert fast.region_decode and not whole.region_decode
@@ -134,7 +163,6 @@ def test_region_decoding_is_used_only_where_it_can_be_exact(index, tmp_path):
     assert not YoloDataset(index, 160, augment=False, hyp={}).region_decode
     assert not YoloDataset(index, 160, augment=True, hyp={}, cache_images="ram").region_decode
     assert not YoloDataset(index, 160, augment=True, hyp={}, mosaic_partners="recent").region_decode
-    assert not YoloDataset(index, 160, augment=True, hyp={"perspective": 0.0001}).region_decode
     cache = DiskPixelCache(tmp_path / "px", 160, augment=True)
     assert not YoloDataset(index, 160, augment=True, hyp={}, disk_cache=cache).region_decode
     resized = YoloDataset(index, 128, augment=True, hyp={})  # 160 px files resized to 128: decoded whole

@@ -4,9 +4,11 @@ Boxes here are float32 [n, 5] rows (cls, x1, y1, x2, y2) in pixels of the image 
 are uint8 HWC (BGR inside the dataset; the colour order does not matter except for HSV, which expects
 BGR as OpenCV decodes it).
 
-Mosaic is composed with the random affine: instead of pasting four tiles on a 2s x 2s canvas and
-warping the canvas, each tile is warped once, straight into the s x s output, with the canvas
-placement folded into its matrix (same geometry, no large canvas, one pass over the output pixels).
+Mosaic is the release's: four tiles on a 2s x 2s canvas of grey 114, the canvas warped to s x s by the
+random affine. Only the canvas window the warp reads (the inverse image of the output, plus the
+bilinear taps) is filled and pasted, in a canvas reused from sample to sample, so a sample costs about
+the output's size in copies however large the canvas; the pixels are the full canvas warp's, seams
+included (where the tiles meet, the warp blends across them, as in the release).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import cv2
 import numpy as np
@@ -126,17 +128,10 @@ def _apply_box_transform(labels: np.ndarray, m: np.ndarray, s: float, out_wh: tu
     return np.concatenate([labels[keep, :1], new[keep]], axis=1).astype(np.float32)
 
 
-def _warp(
-    img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int], dst: np.ndarray | None = None
-) -> np.ndarray:
-    border = cv2.BORDER_CONSTANT if dst is None else cv2.BORDER_TRANSPARENT
+def _warp(img: np.ndarray, m: np.ndarray, out_wh: tuple[int, int]) -> np.ndarray:
     if m[2, 0] or m[2, 1]:
-        return cv2.warpPerspective(
-            img, m, out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
-        )
-    return cv2.warpAffine(
-        img, m[:2], out_wh, dst=dst, flags=cv2.INTER_LINEAR, borderMode=border, borderValue=(PAD_VALUE,) * 3
-    )
+        return cv2.warpPerspective(img, m, out_wh, flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
+    return cv2.warpAffine(img, m[:2], out_wh, flags=cv2.INTER_LINEAR, borderValue=(PAD_VALUE,) * 3)
 
 
 def random_perspective(
@@ -153,191 +148,138 @@ def random_perspective(
     return img, _apply_box_transform(labels, m, s, (w, h))
 
 
+def tile_placement(k: int, hw: tuple[int, int], centre: tuple[int, int], size: int) -> tuple[int, ...]:
+    """Where tile k (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre (xc, yc)) of an
+    image of `hw` pixels goes on the 2s x 2s canvas, the release's geometry, cut by the canvas edge:
+    (x1a, y1a, x2a, y2a, x1b, y1b), the canvas rectangle it fills and the tile pixel at its top-left."""
+    s, (xc, yc), (h, w) = size, centre, hw
+    if k == 0:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+        x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+    elif k == 1:
+        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+        x1b, y1b = 0, h - (y2a - y1a)
+    elif k == 2:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+        x1b, y1b = w - (x2a - x1a), 0
+    else:
+        x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+        x1b, y1b = 0, 0
+    return x1a, y1a, x2a, y2a, x1b, y1b
+
+
+WARP_TAP_MARGIN = 2
+"""Source pixels read around a sampled point: the bilinear taps (floor, floor + 1) and one more for the
+warp's fixed-point rounding of the coordinates (1/32 px)."""
+
+
+def source_window(
+    m: np.ndarray, out_wh: tuple[int, int], in_wh: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1): the pixels of a source of size in_wh that warping it by `m` into out_wh can read
+    (the inverse image of the output's pixel centres, widened by the bilinear taps), clipped to the source."""
+    ow, oh = out_wh
+    corners = np.array([[0, 0, 1], [ow - 1, 0, 1], [0, oh - 1, 1], [ow - 1, oh - 1, 1]], np.float64)
+    back = corners @ np.linalg.inv(m).T
+    xy = back[:, :2] / back[:, 2:3]
+    x0 = max(int(math.floor(xy[:, 0].min())) - WARP_TAP_MARGIN, 0)
+    y0 = max(int(math.floor(xy[:, 1].min())) - WARP_TAP_MARGIN, 0)
+    x1 = min(int(math.floor(xy[:, 0].max())) + WARP_TAP_MARGIN + 1, in_wh[0])
+    y1 = min(int(math.floor(xy[:, 1].max())) + WARP_TAP_MARGIN + 1, in_wh[1])
+    return x0, y0, max(x1, x0), max(y1, y0)
+
+
 @dataclass(frozen=True)
 class MosaicGeometry:
     """The random part of one mosaic, drawn before any tile is decoded (`draw_mosaic_geometry`)."""
 
     size: int
-    """Output side s (the virtual canvas is 2s x 2s)."""
-    xc: int
-    """Tile meeting point on the canvas, x in [s/2, 3s/2)."""
-    yc: int
-    """Tile meeting point on the canvas, y in [s/2, 3s/2)."""
+    """Output side s (the canvas is 2s x 2s)."""
+    centre: tuple[int, int]
+    """(xc, yc): where the tiles meet on the canvas, each in [s/2, 3s/2)."""
     matrix: np.ndarray
     """float64 [3, 3]: canvas pixels → output pixels (the random affine)."""
     scale: float
     """The affine's scale factor (for `box_candidates`)."""
-    tiles: dict = field(default_factory=dict, compare=False, repr=False)
-    """Memo of `plan_tile` per (k, h, w): the dataset and `compose_mosaic` both ask for each tile."""
-
-
-@dataclass(frozen=True)
-class TilePlacement:
-    """Where tile k's image lands on the canvas: its crop img[y0:y0+h, x0:x0+w] goes to canvas (cx, cy)."""
-
-    x0: int
-    y0: int
-    w: int
-    h: int
-    cx: int
-    cy: int
+    window: tuple[int, int, int, int]
+    """(x0, y0, x1, y1): the canvas pixels the warp reads (`source_window`)."""
 
 
 def draw_mosaic_geometry(size: int, p: AugmentParams, rng: np.random.Generator) -> MosaicGeometry:
-    """The mosaic centre U[s/2, 3s/2)^2 (truncated to whole pixels), then the random affine of the 2s x 2s
-    canvas to s x s: the release's draws. Independent of the tiles' pixels, so drawn before decoding."""
+    """The centre U[s/2, 3s/2)^2 (truncated to whole pixels), then the random affine of the 2s x 2s canvas
+    to s x s: the release's draws, in its order. Independent of the tiles' pixels (their sizes only
+    enter the placement), so drawn before anything is decoded."""
     s = size
     xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
     m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
-    return MosaicGeometry(size=s, xc=xc, yc=yc, matrix=m, scale=scale)
+    return MosaicGeometry(
+        size=s, centre=(xc, yc), matrix=m, scale=scale, window=source_window(m, (s, s), (2 * s, 2 * s))
+    )
 
 
-def tile_placement(k: int, hw: tuple[int, int], g: MosaicGeometry) -> TilePlacement:
-    """Tile k (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right) of an image of `hw` pixels: the
-    part of the image that meets the centre, clipped to the 2s x 2s canvas."""
-    h, w = hw
-    xc, yc, s2 = g.xc, g.yc, 2 * g.size
-    if k == 0:
-        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-        x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-    elif k == 1:
-        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, s2), yc
-        x1b, y1b = 0, h - (y2a - y1a)
-    elif k == 2:
-        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(s2, yc + h)
-        x1b, y1b = w - (x2a - x1a), 0
-    else:
-        x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s2), min(s2, yc + h)
-        x1b, y1b = 0, 0
-    return TilePlacement(x0=x1b, y0=y1b, w=x2a - x1a, h=y2a - y1a, cx=x1a, cy=y1a)
-
-
-def _tile_matrix(t: TilePlacement, g: MosaicGeometry) -> np.ndarray:
-    """Crop pixel → canvas → output."""
-    return g.matrix @ _translation(t.cx, t.cy)
-
-
-def plan_tile(k: int, hw: tuple[int, int], g: MosaicGeometry):
-    """(placement, crop → output matrix, output region or None) of tile k of an image of `hw` pixels,
-    computed once per geometry and tile."""
-    key = (k, int(hw[0]), int(hw[1]))
-    plan = g.tiles.get(key)
-    if plan is None:
-        t = tile_placement(k, hw, g)
-        m = _tile_matrix(t, g)
-        plan = g.tiles[key] = (t, m, _warp_region((g.size, g.size), (t.w, t.h), m))
-    return plan
-
-
-def _warp_region(
-    out_wh: tuple[int, int], crop_wh: tuple[int, int], m: np.ndarray
-) -> tuple[int, int, int, int] | None:
-    """The output rectangle (x0, y0, x1, y1) `_paste_warped` warps into: the bounding box of the crop's
-    footprint under `m`, one pixel wider on each side, clipped to the output; None when empty."""
-    cw, ch = crop_wh
-    if ch == 0 or cw == 0:
-        return None
-    ow, oh = out_wh
-    footprint = transform_boxes(np.array([[0, 0, cw, ch]], np.float64), m, (ow, oh))[0]
-    x0, y0 = max(int(math.floor(footprint[0])) - 1, 0), max(int(math.floor(footprint[1])) - 1, 0)
-    x1, y1 = min(int(math.ceil(footprint[2])) + 1, ow), min(int(math.ceil(footprint[3])) + 1, oh)
-    if x1 <= x0 or y1 <= y0:
-        return None
-    return x0, y0, x1, y1
-
-
-_TAP_MARGIN = 2
-"""Source pixels added on each side of the mapped-back output rectangle: the bilinear taps reach one pixel
-past the mapped point, and OpenCV maps with fixed-point arithmetic (1/1024 px), so two is ample."""
+def _tile_in_window(k: int, hw: tuple[int, int], g: MosaicGeometry):
+    """(placement, (cx0, cy0, cx1, cy1) the part of the tile's canvas rectangle inside the window, or None)."""
+    x1a, y1a, x2a, y2a, x1b, y1b = placement = tile_placement(k, hw, g.centre, g.size)
+    wx0, wy0, wx1, wy1 = g.window
+    cx0, cy0, cx1, cy1 = max(x1a, wx0), max(y1a, wy0), min(x2a, wx1), min(y2a, wy1)
+    return placement, ((cx0, cy0, cx1, cy1) if cx1 > cx0 and cy1 > cy0 else None)
 
 
 def tile_source_rect(k: int, hw: tuple[int, int], g: MosaicGeometry) -> tuple[int, int, int, int] | None:
-    """(x0, y0, x1, y1) in pixels of tile k's image (of `hw`): every pixel the mosaic's warp of that tile
-    can read, or None when the tile does not show. Only for an affine matrix (no perspective: the
-    inverse image of a rectangle is then a parallelogram, bounded by its four corners).
-
-    The mosaic output depends on the tile image only through these pixels: the rest may hold anything
-    (tests/unit/test_data_roi_mosaic.py fills it with noise; one pixel less on any side fails it)."""
-    if g.matrix[2, 0] or g.matrix[2, 1]:
-        raise ValueError("tile_source_rect needs an affine matrix (perspective 0)")
-    t, m, region = plan_tile(k, hw, g)
-    if region is None:
+    """(x0, y0, x1, y1) in pixels of tile k's image (of `hw`): the pixels the mosaic pastes on the canvas
+    and the warp can read, or None when the tile does not show. The mosaic depends on the tile image
+    only through these pixels (tests/unit/test_data_roi_mosaic.py fills the rest with noise)."""
+    (x1a, y1a, _, _, x1b, y1b), inside = _tile_in_window(k, hw, g)
+    if inside is None:
         return None
-    x0, y0, x1, y1 = region
-    # the inverse of [[a, b, c], [d, e, f]] in plain floats (a bound with a margin: no exact rounding needed)
-    a, b, c, d, e, f = (float(v) for v in m[:2].reshape(-1))
-    det = a * e - b * d
-    ia, ib, id_, ie = e / det, -b / det, -d / det, a / det
-    ic, if_ = -(ia * c + ib * f), -(id_ * c + ie * f)
-    xs, ys = [], []
-    for u, v in ((x0, y0), (x1 - 1, y0), (x0, y1 - 1), (x1 - 1, y1 - 1)):
-        xs.append(ia * u + ib * v + ic)
-        ys.append(id_ * u + ie * v + if_)
-    sx0 = max(math.floor(min(xs)) - _TAP_MARGIN, 0)
-    sy0 = max(math.floor(min(ys)) - _TAP_MARGIN, 0)
-    sx1 = min(math.ceil(max(xs)) + _TAP_MARGIN + 1, t.w)
-    sy1 = min(math.ceil(max(ys)) + _TAP_MARGIN + 1, t.h)
-    if sx1 <= sx0 or sy1 <= sy0:
-        return None
-    return sx0 + t.x0, sy0 + t.y0, sx1 + t.x0, sy1 + t.y0
+    cx0, cy0, cx1, cy1 = inside
+    return x1b + cx0 - x1a, y1b + cy0 - y1a, x1b + cx1 - x1a, y1b + cy1 - y1a
 
 
 def mosaic(
-    tiles: list[tuple[np.ndarray, np.ndarray]], size: int, p: AugmentParams, rng: np.random.Generator
+    tiles: list[tuple[np.ndarray, np.ndarray]],
+    size: int,
+    p: AugmentParams,
+    rng: np.random.Generator,
+    canvas: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Four (image, labels [n, 5] cls+xyxy px) tiles → (uint8 [size, size, 3], labels [m, 5]).
 
-    Geometry of the release: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a virtual
-    2s x 2s canvas filled with 114 (tile 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right), then
-    the random affine maps the canvas to s x s. Each tile is warped directly into the output.
+    The release's: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a 2s x 2s canvas filled
+    with 114 (see `tile_placement`), then the random affine maps the canvas to s x s (bilinear, border
+    114). `canvas`: a uint8 [2s, 2s, 3] scratch array to reuse (its content does not matter: only the
+    window the warp reads is filled); None allocates one.
     """
-    return compose_mosaic(iter(tiles), draw_mosaic_geometry(size, p, rng))
+    return compose_mosaic(iter(tiles), draw_mosaic_geometry(size, p, rng), canvas)
 
 
 def compose_mosaic(
-    tiles: Iterator[tuple[np.ndarray, np.ndarray]], g: MosaicGeometry
+    tiles: Iterator[tuple[np.ndarray, np.ndarray]], g: MosaicGeometry, canvas: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The mosaic of four tiles with geometry `g`: (uint8 [s, s, 3], labels [m, 5] cls+xyxy px).
-
-    `tiles` is consumed one tile at a time, each warped into the output before the next is taken, so a
-    producer may hand out the same buffer for every tile (`YoloDataset` does, for decoded regions)."""
-    s = g.size
-    out = np.full((s, s, 3), PAD_VALUE, dtype=np.uint8)
+    """`mosaic` for a geometry drawn beforehand. `tiles` is consumed one tile at a time, each pasted on the
+    canvas before the next is taken, so a producer may hand out the same buffer for every tile
+    (`YoloDataset` does, for tiles decoded only inside `tile_source_rect`)."""
+    s, m = g.size, g.matrix
+    if canvas is None or canvas.shape != (2 * s, 2 * s, 3) or canvas.dtype != np.uint8:
+        canvas = np.empty((2 * s, 2 * s, 3), np.uint8)
+    wx0, wy0, wx1, wy1 = g.window
+    canvas[wy0:wy1, wx0:wx1] = PAD_VALUE
     all_labels = []
     for k, (img, labels) in enumerate(tiles):
-        t, m, region = plan_tile(k, img.shape[:2], g)
-        if region is not None:
-            _paste_warped(out, img[t.y0 : t.y0 + t.h, t.x0 : t.x0 + t.w], m, region)
+        (x1a, y1a, _, _, x1b, y1b), inside = _tile_in_window(k, img.shape[:2], g)
+        if inside is not None:  # the part of the tile's rectangle inside the window
+            cx0, cy0, cx1, cy1 = inside
+            canvas[cy0:cy1, cx0:cx1] = img[
+                y1b + cy0 - y1a : y1b + cy1 - y1a, x1b + cx0 - x1a : x1b + cx1 - x1a
+            ]
         shifted = labels.copy()
-        shifted[:, [1, 3]] += t.cx - t.x0
-        shifted[:, [2, 4]] += t.cy - t.y0
+        shifted[:, [1, 3]] += x1a - x1b
+        shifted[:, [2, 4]] += y1a - y1b
         all_labels.append(shifted)
+    out = _warp(canvas, m, (s, s))
     labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
-    return out, _apply_box_transform(labels, g.matrix, g.scale, (s, s))
-
-
-def _paste_warped(
-    out: np.ndarray, crop: np.ndarray, m: np.ndarray, region_box: tuple[int, int, int, int] | None = None
-) -> None:
-    """Warp `crop` by `m` into `out` in place, touching only the bounding box of its footprint.
-
-    Always a warp, also when `m` only scales and translates: a cv2.resize placed at a whole output pixel
-    would be cheaper, but its half-pixel sampling grid and the rounded placement shift the tile by up to
-    a pixel against the labels (the release warps the canvas; measured: mean |difference| 7.0 grey
-    levels against the canvas warp, 0.4 for the warp, only at tile seams), and at small image sizes that
-    cost accuracy (docs/ACCURACY.md). `region_box`: `_warp_region`'s answer when the caller has it."""
-    if region_box is None:
-        region_box = _warp_region((out.shape[1], out.shape[0]), (crop.shape[1], crop.shape[0]), m)
-    if region_box is None:
-        return
-    x0, y0, x1, y1 = region_box
-    # straight into the view of `out` (OpenCV takes a row-strided view as its dst and writes through
-    # it): no copy of the region out and back; copied only if a build of OpenCV ever hands back another array
-    region = out[y0:y1, x0:x1]
-    warped = _warp(crop, _translation(-x0, -y0) @ m, (x1 - x0, y1 - y0), dst=region)
-    if warped is not region:
-        region[...] = warped
+    return out, _apply_box_transform(labels, m, g.scale, (s, s))
 
 
 COLOR_COLUMNS = 6

@@ -190,18 +190,18 @@ class YoloDataset:
             self.labels = [self.labels[i] for i in order]
             self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size, stride, pad)
         self._ram: dict[int, np.ndarray] = {}
+        self._canvas: np.ndarray | None = None  # the mosaic's 2s x 2s scratch canvas, made on first use
         self._partner_indices: np.ndarray | None = None  # the cached shard (RAM cache), else everything
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
         self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
         # decoding only the part of a JPEG a mosaic tile shows (`_tile_image`): where tiles come from
-        # files at their stored size, with an affine mosaic; the pixels are the full decode's
+        # files at their stored size; the pixels are the full decode's
         self.region_decode = (
             bool(region_decode)
             and augment
             and cache_images is None
             and disk_cache is None
             and mosaic_partners == "random"
-            and self.params.perspective == 0
         )
         self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
         self._tile_buffer: np.ndarray | None = None  # reused for every region-decoded tile
@@ -317,7 +317,9 @@ class YoloDataset:
             self.load_image(i)  # before choosing partners, so the pool holds it
         plan = self.mosaic_plan(i)
         geometry = draw_mosaic_geometry(self.img_size, self.params, self.rng)
-        return compose_mosaic(self._mosaic_tiles(plan, geometry), geometry)
+        if self._canvas is None:  # this process's scratch canvas (see augment.mosaic), reused
+            self._canvas = np.empty((2 * self.img_size, 2 * self.img_size, 3), np.uint8)
+        return compose_mosaic(self._mosaic_tiles(plan, geometry), geometry, canvas=self._canvas)
 
     def _mosaic_tiles(self, plan: list[int], geometry: MosaicGeometry):
         """(image, labels) of each tile of `plan`, produced as `compose_mosaic` takes them (the region
