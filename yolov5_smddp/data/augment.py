@@ -225,6 +225,29 @@ def _tile_in_window(k: int, hw: tuple[int, int], g: MosaicGeometry):
     return placement, ((cx0, cy0, cx1, cy1) if cx1 > cx0 and cy1 > cy0 else None)
 
 
+def _window_quadrants(g: MosaicGeometry) -> list[tuple[int, int, int, int]]:
+    """The window cut at the centre into the four quadrants (tile order); tile k lies in quadrant k."""
+    (xc, yc), (wx0, wy0, wx1, wy1) = g.centre, g.window
+    xm, ym = min(max(xc, wx0), wx1), min(max(yc, wy0), wy1)
+    return [(wx0, wy0, xm, ym), (xm, wy0, wx1, ym), (wx0, ym, xm, wy1), (xm, ym, wx1, wy1)]
+
+
+def _fill_around(
+    canvas: np.ndarray, box: tuple[int, int, int, int], hole: tuple[int, int, int, int] | None
+) -> None:
+    """Fill `box` minus `hole` (a rectangle inside it, or None) with the pad value: at most four strips,
+    so the canvas is written once per pixel of the window instead of filled and then pasted over."""
+    bx0, by0, bx1, by1 = box
+    if hole is None:
+        canvas[by0:by1, bx0:bx1] = PAD_VALUE
+        return
+    hx0, hy0, hx1, hy1 = hole
+    canvas[by0:hy0, bx0:bx1] = PAD_VALUE
+    canvas[hy1:by1, bx0:bx1] = PAD_VALUE
+    canvas[hy0:hy1, bx0:hx0] = PAD_VALUE
+    canvas[hy0:hy1, hx1:bx1] = PAD_VALUE
+
+
 def tile_source_rect(k: int, hw: tuple[int, int], g: MosaicGeometry) -> tuple[int, int, int, int] | None:
     """(x0, y0, x1, y1) in pixels of tile k's image (of `hw`): the pixels the mosaic pastes on the canvas
     and the warp can read, or None when the tile does not show. The mosaic depends on the tile image
@@ -262,9 +285,8 @@ def compose_mosaic(
     s, m = g.size, g.matrix
     if canvas is None or canvas.shape != (2 * s, 2 * s, 3) or canvas.dtype != np.uint8:
         canvas = np.empty((2 * s, 2 * s, 3), np.uint8)
-    wx0, wy0, wx1, wy1 = g.window
-    canvas[wy0:wy1, wx0:wx1] = PAD_VALUE
     all_labels = []
+    quadrants = _window_quadrants(g)
     for k, (img, labels) in enumerate(tiles):
         (x1a, y1a, _, _, x1b, y1b), inside = _tile_in_window(k, img.shape[:2], g)
         if inside is not None:  # the part of the tile's rectangle inside the window
@@ -272,10 +294,13 @@ def compose_mosaic(
             canvas[cy0:cy1, cx0:cx1] = img[
                 y1b + cy0 - y1a : y1b + cy1 - y1a, x1b + cx0 - x1a : x1b + cx1 - x1a
             ]
+        _fill_around(canvas, quadrants[k], inside)  # 114 only where the tile does not cover its quadrant
         shifted = labels.copy()
         shifted[:, [1, 3]] += x1a - x1b
         shifted[:, [2, 4]] += y1a - y1b
         all_labels.append(shifted)
+    for k in range(len(all_labels), 4):  # fewer than four tiles: their quadrants are grey
+        _fill_around(canvas, quadrants[k], None)
     out = _warp(canvas, m, (s, s))
     labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
