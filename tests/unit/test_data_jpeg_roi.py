@@ -173,3 +173,16 @@ def test_a_library_whose_pixels_differ_fails_the_self_check(lib, monkeypatch, ca
 
     assert jpeg_roi._self_check(lib) is None
     assert "differs" in jpeg_roi._self_check(Shifted(lib))
+
+
+def test_a_self_check_that_raises_turns_the_path_off(lib, monkeypatch, caplog):
+    """E.g. an OpenCV without a flag the check uses: the path is off, the job goes on with OpenCV."""
+
+    def broken(_lib):
+        raise AttributeError("module 'cv2' has no attribute 'IMWRITE_JPEG_SAMPLING_FACTOR'")
+
+    monkeypatch.setattr(jpeg_roi, "_state", {})
+    monkeypatch.setattr(jpeg_roi, "_self_check", broken)
+    with caplog.at_level("INFO", logger="yolov5_smddp.data.jpeg_roi"):
+        assert region_decoder() is None
+    assert "self-check failed: AttributeError" in caplog.text

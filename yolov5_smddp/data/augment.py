@@ -360,7 +360,11 @@ def color_lut():
     None (OpenCV's LUT and flip are used) when it is missing or its pixels differ."""
     if "lib" not in _native_color:
         lib = native.library()
-        if lib is not None and not _color_check(lib):
+        try:
+            ok = lib is None or _color_check(lib)
+        except Exception:  # a library that misbehaves is not used
+            ok = False
+        if not ok:
             log.info(
                 "native HSV table off (%s: pixels differ from OpenCV's): using cv2.LUT", native.library_path()
             )

@@ -91,7 +91,10 @@ def region_decoder() -> ctypes.CDLL | None:
     if "lib" in _state:
         return _state["lib"]  # type: ignore[return-value]
     lib = native.library()
-    problem = native.why_not() if lib is None else _self_check(lib)
+    try:
+        problem = native.why_not() if lib is None else _self_check(lib)
+    except Exception as exc:  # an OpenCV without a flag the check uses, a library that crashes: off
+        problem = f"self-check failed: {type(exc).__name__}: {exc}"
     if problem is not None:
         lib = None
         log.info("JPEG region decoding off (%s): tiles are decoded whole with OpenCV", problem)
