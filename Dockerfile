@@ -32,6 +32,19 @@ ENV MPLCONFIGDIR=/opt/yolov5-smddp/matplotlib
 RUN mkdir -p "$MPLCONFIGDIR" \
     && (python3 -c "import matplotlib.font_manager" || echo "matplotlib is not installed: plots will be skipped")
 
+# The loader's native loops (yolov5_smddp/data/native.py: JPEG region decoding, the HSV table fused with the
+# flips): a small C library over the system's libjpeg-turbo
+# (>= 1.5: Debian's libjpeg62-turbo in the stand-in, Ubuntu's libjpeg-turbo8 in the DLC; `libjpeg-dev` names
+# it on both), loaded with ctypes from this fixed path. Each use falls back to OpenCV whenever it is absent or
+# fails its self-check; a failed compile fails the build, so CI never tests an image without it.
+COPY yolov5_smddp/data/native.c /opt/yolov5-smddp/src/native.c
+RUN (apt-get update -qq || echo "apt-get update reported errors (a third-party list?): installing from the rest") \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && mkdir -p /opt/yolov5-smddp/lib \
+    && gcc -O2 -Wall -Wextra -shared -fPIC -o /opt/yolov5-smddp/lib/libyolov5_smddp_native.so \
+        /opt/yolov5-smddp/src/native.c -ljpeg
+
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
 COPY pyproject.toml LICENSE README.md /opt/yolov5-smddp/
 COPY entrypoint.py docker/entry.py /opt/yolov5-smddp/

@@ -12,6 +12,9 @@ pay instead of the workers' OpenCV, which is why `auto` keeps the workers' path 
 Run in the image of bench/release_reference/Dockerfile (the release is the PyPI package `yolov5`
 7.0.14, only there), this checkout on PYTHONPATH:
     python3 /src/bench/release_reference/loader_parity.py --images 300 --imgsz 640
+That image is built on the stand-in base, without our native library: name a build of it
+(yolov5_smddp/data/native.c, compiled against the same base) with $YOLOV5_SMDDP_NATIVE_LIB, or the
+"default" row decodes whole images like the "before issue 25" row (the first line printed says which).
 """
 
 from __future__ import annotations
@@ -82,13 +85,18 @@ def main() -> int:
 
     from yolov5_smddp import hostmem
     from yolov5_smddp.bench.data import resolve_data
+    from yolov5_smddp.data import augment
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
+    from yolov5_smddp.data.jpeg_roi import region_decoder
     from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.native import library_path
     from yolov5_smddp.data.pixelcache import DiskPixelCache
 
     hostmem.tune_malloc()  # as our CLI does; the release shares the process, so it gets it too
     cv2.setNumThreads(1)
+    state = f"{library_path()}" if region_decoder() is not None else "off (whole decodes, cv2.LUT)"
+    print(f"native library (JPEG regions, colour table): {state}")
     hyp = yaml.safe_load((Path(yolov5.__file__).parent / "data/hyps/hyp.scratch-low.yaml").read_text())
     with tempfile.TemporaryDirectory(prefix="loader-parity-") as tmp:
         cfg = load_data_config(resolve_data("synthetic", args.images, Path(tmp)))
@@ -98,13 +106,27 @@ def main() -> int:
 
         def stream(dataset):
             dataset[int(order[-1])]  # warm-up (imports, first allocations)
-            return lambda k: dataset[int(order[k % len(order)])]
+            if getattr(dataset, "region_decode", True):
+                return lambda k: dataset[int(order[k % len(order)])]
+
+            def before(k: int):  # as before issue 25: whole decodes and OpenCV's colour table too
+                saved = augment._native_color.get("lib")
+                augment._native_color["lib"] = None
+                try:
+                    return dataset[int(order[k % len(order)])]
+                finally:
+                    augment._native_color["lib"] = saved
+
+            return before
 
         datasets = {
             "release": LoadImagesAndLabels(
                 train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp
             ),
             "ours, release sampling (default)": YoloDataset(index, args.imgsz, augment=True, hyp=hyp),
+            "ours before issue 25 (whole decodes, cv2.LUT)": YoloDataset(
+                index, args.imgsz, augment=True, hyp=hyp, region_decode=False
+            ),
             "ours, release sampling, colour on device": YoloDataset(
                 index, args.imgsz, augment=True, hyp=hyp, color_on_device=True
             ),

@@ -70,10 +70,19 @@ def test_bench_data_tiny_run(tmp_path, capsys, monkeypatch):
     assert ceiling > 0 and results["release_mosaic_samples_per_s_1proc"] > 0
     for fraction, rate in (
         ("mosaic_1proc_random_of_ceiling", "mosaic_samples_per_s_1proc_random"),
+        ("mosaic_1proc_random_whole_of_ceiling", "mosaic_samples_per_s_1proc_random_whole"),
         ("mosaic_1proc_recent_of_ceiling", "mosaic_samples_per_s_1proc_recent"),
         ("release_mosaic_1proc_of_ceiling", "release_mosaic_samples_per_s_1proc"),
     ):
         assert results[fraction] == results[rate] / ceiling
+    region_ceiling = results["region_decode_ceiling_samples_per_s_1proc"]
+    assert region_ceiling > 0
+    assert results["mosaic_1proc_random_of_region_ceiling"] == (
+        results["mosaic_samples_per_s_1proc_random"] / region_ceiling
+    )
+    assert results["ours_random_whole_vs_release"] == (
+        results["mosaic_samples_per_s_1proc_random_whole"] / results["release_mosaic_samples_per_s_1proc"]
+    )
     assert results["ours_random_vs_release"] == (
         results["mosaic_samples_per_s_1proc_random"] / results["release_mosaic_samples_per_s_1proc"]
     )
@@ -109,3 +118,40 @@ def test_decode_ceiling_decodes_the_four_images_of_each_plan(tmp_path, monkeypat
     # 64 px images at 32: twice the size, so a 1/2-scale JPEG decode, as the training loader does
     assert decoded == [(index.images[j], twin.decode_flag(j)) for plan in plans for j in plan]
     assert twin.decode_flag(0) == cv2.IMREAD_REDUCED_COLOR_2
+
+
+def test_region_ceiling_decodes_the_regions_the_default_pipeline_decodes(tmp_path, monkeypatch):
+    """The region ceiling's step decodes exactly what the default pipeline decodes for the same draws:
+    the same files, the same rectangles, nothing for a tile that does not show."""
+    from yolov5_smddp.data import dataset as dataset_module
+    from yolov5_smddp.data import jpeg_roi
+    from yolov5_smddp.data.dataset import YoloDataset
+    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    root = tmp_path / "d"
+    make_default_dataset(root, n_train=8, n_val=0, imgsz=64, seed=0)
+    index = build_label_index([root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c")
+    seen = {"ceiling": [], "pipeline": []}
+
+    def recorder(key):
+        def fake(data, out, rect):
+            seen[key].append((len(data), out.shape, rect))
+            out[...] = 0
+            return True
+
+        return fake
+
+    monkeypatch.setattr(jpeg_roi, "region_decoder", lambda: object())  # eligible without the library
+    monkeypatch.setattr(jpeg_roi, "decode_region", recorder("ceiling"))
+    monkeypatch.setattr(dataset_module, "decode_region", recorder("pipeline"))
+    monkeypatch.setattr(dataset_module, "region_decoder", lambda: object())
+    step = bench_data._region_ceiling_stream(
+        YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, seed=3)
+    )
+    twin = YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, seed=3)
+    order = np.random.default_rng(0).permutation(8)
+    for k in range(6):
+        step(k)
+        twin._mosaic_sample(int(order[k]))  # the same draws: plan, then centre and affine
+    assert seen["ceiling"] == seen["pipeline"] and len(seen["ceiling"]) > 12

@@ -8,7 +8,10 @@ recent`) — so the two numbers share the machine's load; shared machines are no
 run. Beside them: a plain decode rate, and the decode-only ceiling — the same four decodes per sample
 (the default's mosaic plan, decode flag and decoder) and nothing else, which no four-decode pipeline can
 exceed — with each pipeline's fraction of it (`*_of_ceiling`; the recent pool decodes one image per
-sample, so it can exceed 1). When the release's package (`yolov5`, only in the throwaway image of
+sample, so it can exceed 1). The default decodes only the region of each image its tile shows
+(`data.jpeg_roi`) where it can: its own ceiling is `region_decode_ceiling_*` (the default's plans and
+geometry, the region decodes and file reads only; `*_of_region_ceiling`), and the same pipeline with
+whole decodes (as before issue 25) is the `*_random_whole` row. When the release's package (`yolov5`, only in the throwaway image of
 bench/release_reference/) is importable and the data is synthetic, the release's `LoadImagesAndLabels`
 (scratch-low) is measured the same way (`release_mosaic_*` rows). All take turns in short rounds
 (`--rounds`) so load changes hit them alike; overall and best-round rates are reported. The scan row
@@ -102,6 +105,35 @@ def _ceiling_stream(dataset, seed: int = 0):
     def step(k: int) -> None:
         for j in dataset.mosaic_plan(int(order[k % len(order)])):
             decode_image(dataset.images[j], dataset.decode_flag(j))
+
+    return step
+
+
+def _region_ceiling_stream(dataset, seed: int = 0):
+    """step(k): the default pipeline's decoding of the k-th mosaic sample of a shuffled order and nothing
+    else: its plan and geometry, then per tile the region its warp reads (file read + region decode;
+    nothing for a tile that does not show) where the region path applies, else the whole decode."""
+    import numpy as np
+
+    from yolov5_smddp.data.augment import draw_mosaic_geometry, tile_source_rect
+    from yolov5_smddp.data.decode import decode_image
+    from yolov5_smddp.data.jpeg_roi import decode_region
+
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    buffer = np.empty((dataset.img_size, dataset.img_size, 3), np.uint8)
+
+    def step(k: int) -> None:
+        plan = dataset.mosaic_plan(int(order[k % len(order)]))
+        geometry = draw_mosaic_geometry(dataset.img_size, dataset.params, dataset.rng)
+        for t, j in enumerate(plan):
+            if not dataset.region_eligible(j):
+                decode_image(dataset.images[j], dataset.decode_flag(j))
+                continue
+            h, w = dataset.resized_hw(j)
+            rect = tile_source_rect(t, (h, w), geometry)
+            if rect is not None:
+                with open(dataset.images[j], "rb") as f:
+                    decode_region(f.read(), buffer[:h, :w], rect)
 
     return step
 
@@ -209,7 +241,13 @@ def run(args: argparse.Namespace) -> int:
             "decode_ceiling_samples_per_s_1proc": _ceiling_stream(
                 YoloDataset(index, args.imgsz, augment=True, hyp={})
             ),
+            "region_decode_ceiling_samples_per_s_1proc": _region_ceiling_stream(
+                YoloDataset(index, args.imgsz, augment=True, hyp={})
+            ),
             "mosaic_samples_per_s_1proc_random": _sample_stream(default),
+            "mosaic_samples_per_s_1proc_random_whole": _sample_stream(
+                YoloDataset(index, args.imgsz, augment=True, hyp={}, region_decode=False)
+            ),
             "mosaic_samples_per_s_1proc_recent": _sample_stream(
                 YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners="recent")
             ),
@@ -220,12 +258,22 @@ def run(args: argparse.Namespace) -> int:
         for name, (overall, best) in interleaved_rates(tasks, args.iters, args.rounds).items():
             rows[name], rows[f"{name}_best_round"] = overall, best
         ceiling = rows["decode_ceiling_samples_per_s_1proc"]
-        for name in ("mosaic_samples_per_s_1proc_random", "mosaic_samples_per_s_1proc_recent"):
+        for name in (
+            "mosaic_samples_per_s_1proc_random",
+            "mosaic_samples_per_s_1proc_random_whole",
+            "mosaic_samples_per_s_1proc_recent",
+        ):
             rows[f"{name.replace('_samples_per_s', '')}_of_ceiling"] = rows[name] / ceiling
+        rows["mosaic_1proc_random_of_region_ceiling"] = (
+            rows["mosaic_samples_per_s_1proc_random"] / rows["region_decode_ceiling_samples_per_s_1proc"]
+        )
         if release is not None:
             rows["release_mosaic_1proc_of_ceiling"] = rows["release_mosaic_samples_per_s_1proc"] / ceiling
             rows["ours_random_vs_release"] = (
                 rows["mosaic_samples_per_s_1proc_random"] / rows["release_mosaic_samples_per_s_1proc"]
+            )
+            rows["ours_random_whole_vs_release"] = (
+                rows["mosaic_samples_per_s_1proc_random_whole"] / rows["release_mosaic_samples_per_s_1proc"]
             )
         ds = YoloDataset(index, args.imgsz, augment=True, hyp={})
         rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
@@ -247,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print(f"{'measurement':<50}{'value':>12}")
     for key, value in results.items():
-        ratio = key.endswith(("_of_ceiling", "_vs_release"))
+        ratio = key.endswith(("_of_ceiling", "_of_region_ceiling", "_vs_release"))
         shown = f"{value:.2f}" if ratio else f"{value:,.1f}" if isinstance(value, float) else str(value)
         print(f"{key:<50}{shown:>12}")
     if args.json is not None:

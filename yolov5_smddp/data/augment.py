@@ -13,11 +13,17 @@ included (where the tiles meet, the warp blends across them, as in the release).
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 import cv2
 import numpy as np
+
+from yolov5_smddp.data import native
+
+log = logging.getLogger(__name__)
 
 PAD_VALUE = 114
 
@@ -142,29 +148,24 @@ def random_perspective(
     return img, _apply_box_transform(labels, m, s, (w, h))
 
 
-def tile_placements(
-    shapes_hw: list[tuple[int, int]], centre: tuple[int, int], size: int
-) -> list[tuple[int, int, int, int, int, int]]:
-    """Where each tile goes on the 2s x 2s canvas, the release's geometry: tile 0 top-left, 1 top-right,
-    2 bottom-left, 3 bottom-right of the centre (xc, yc), each cut by the canvas edge. Per tile
-    (x1a, y1a, x2a, y2a, x1b, y1b): the canvas rectangle it fills and the tile pixel at its top-left."""
-    s, (xc, yc) = size, centre
-    out = []
-    for k, (h, w) in enumerate(shapes_hw):
-        if k == 0:
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-        elif k == 1:
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
-            x1b, y1b = 0, h - (y2a - y1a)
-        elif k == 2:
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
-            x1b, y1b = w - (x2a - x1a), 0
-        else:
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
-            x1b, y1b = 0, 0
-        out.append((x1a, y1a, x2a, y2a, x1b, y1b))
-    return out
+def tile_placement(k: int, hw: tuple[int, int], centre: tuple[int, int], size: int) -> tuple[int, ...]:
+    """Where tile k (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right of the centre (xc, yc)) of an
+    image of `hw` pixels goes on the 2s x 2s canvas, the release's geometry, cut by the canvas edge:
+    (x1a, y1a, x2a, y2a, x1b, y1b), the canvas rectangle it fills and the tile pixel at its top-left."""
+    s, (xc, yc), (h, w) = size, centre, hw
+    if k == 0:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+        x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
+    elif k == 1:
+        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+        x1b, y1b = 0, h - (y2a - y1a)
+    elif k == 2:
+        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+        x1b, y1b = w - (x2a - x1a), 0
+    else:
+        x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+        x1b, y1b = 0, 0
+    return x1a, y1a, x2a, y2a, x1b, y1b
 
 
 WARP_TAP_MARGIN = 2
@@ -188,6 +189,76 @@ def source_window(
     return x0, y0, max(x1, x0), max(y1, y0)
 
 
+@dataclass(frozen=True)
+class MosaicGeometry:
+    """The random part of one mosaic, drawn before any tile is decoded (`draw_mosaic_geometry`)."""
+
+    size: int
+    """Output side s (the canvas is 2s x 2s)."""
+    centre: tuple[int, int]
+    """(xc, yc): where the tiles meet on the canvas, each in [s/2, 3s/2)."""
+    matrix: np.ndarray
+    """float64 [3, 3]: canvas pixels → output pixels (the random affine)."""
+    scale: float
+    """The affine's scale factor (for `box_candidates`)."""
+    window: tuple[int, int, int, int]
+    """(x0, y0, x1, y1): the canvas pixels the warp reads (`source_window`)."""
+
+
+def draw_mosaic_geometry(size: int, p: AugmentParams, rng: np.random.Generator) -> MosaicGeometry:
+    """The centre U[s/2, 3s/2)^2 (truncated to whole pixels), then the random affine of the 2s x 2s canvas
+    to s x s: the release's draws, in its order. Independent of the tiles' pixels (their sizes only
+    enter the placement), so drawn before anything is decoded."""
+    s = size
+    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
+    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    return MosaicGeometry(
+        size=s, centre=(xc, yc), matrix=m, scale=scale, window=source_window(m, (s, s), (2 * s, 2 * s))
+    )
+
+
+def _tile_in_window(k: int, hw: tuple[int, int], g: MosaicGeometry):
+    """(placement, (cx0, cy0, cx1, cy1) the part of the tile's canvas rectangle inside the window, or None)."""
+    x1a, y1a, x2a, y2a, x1b, y1b = placement = tile_placement(k, hw, g.centre, g.size)
+    wx0, wy0, wx1, wy1 = g.window
+    cx0, cy0, cx1, cy1 = max(x1a, wx0), max(y1a, wy0), min(x2a, wx1), min(y2a, wy1)
+    return placement, ((cx0, cy0, cx1, cy1) if cx1 > cx0 and cy1 > cy0 else None)
+
+
+def _window_quadrants(g: MosaicGeometry) -> list[tuple[int, int, int, int]]:
+    """The window cut at the centre into the four quadrants (tile order); tile k lies in quadrant k."""
+    (xc, yc), (wx0, wy0, wx1, wy1) = g.centre, g.window
+    xm, ym = min(max(xc, wx0), wx1), min(max(yc, wy0), wy1)
+    return [(wx0, wy0, xm, ym), (xm, wy0, wx1, ym), (wx0, ym, xm, wy1), (xm, ym, wx1, wy1)]
+
+
+def _fill_around(
+    canvas: np.ndarray, box: tuple[int, int, int, int], hole: tuple[int, int, int, int] | None
+) -> None:
+    """Fill `box` minus `hole` (a rectangle inside it, or None) with the pad value: at most four strips,
+    so the canvas is written once per pixel of the window instead of filled and then pasted over."""
+    bx0, by0, bx1, by1 = box
+    if hole is None:
+        canvas[by0:by1, bx0:bx1] = PAD_VALUE
+        return
+    hx0, hy0, hx1, hy1 = hole
+    canvas[by0:hy0, bx0:bx1] = PAD_VALUE
+    canvas[hy1:by1, bx0:bx1] = PAD_VALUE
+    canvas[hy0:hy1, bx0:hx0] = PAD_VALUE
+    canvas[hy0:hy1, hx1:bx1] = PAD_VALUE
+
+
+def tile_source_rect(k: int, hw: tuple[int, int], g: MosaicGeometry) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1) in pixels of tile k's image (of `hw`): the pixels the mosaic pastes on the canvas
+    and the warp can read, or None when the tile does not show. The mosaic depends on the tile image
+    only through these pixels (tests/unit/test_data_roi_mosaic.py fills the rest with noise)."""
+    (x1a, y1a, _, _, x1b, y1b), inside = _tile_in_window(k, hw, g)
+    if inside is None:
+        return None
+    cx0, cy0, cx1, cy1 = inside
+    return x1b + cx0 - x1a, y1b + cy0 - y1a, x1b + cx1 - x1a, y1b + cy1 - y1a
+
+
 def mosaic(
     tiles: list[tuple[np.ndarray, np.ndarray]],
     size: int,
@@ -198,34 +269,42 @@ def mosaic(
     """Four (image, labels [n, 5] cls+xyxy px) tiles → (uint8 [size, size, 3], labels [m, 5]).
 
     The release's: the tiles meet at a centre drawn uniformly in [s/2, 3s/2]^2 of a 2s x 2s canvas filled
-    with 114 (see `tile_placements`), then the random affine maps the canvas to s x s (bilinear, border
+    with 114 (see `tile_placement`), then the random affine maps the canvas to s x s (bilinear, border
     114). `canvas`: a uint8 [2s, 2s, 3] scratch array to reuse (its content does not matter: only the
     window the warp reads is filled); None allocates one.
     """
-    s = size
-    xc, yc = (int(v) for v in rng.uniform(s / 2, 3 * s / 2, 2))
-    m, scale = random_affine_matrix((2 * s, 2 * s), (s, s), p, rng)
+    return compose_mosaic(iter(tiles), draw_mosaic_geometry(size, p, rng), canvas)
+
+
+def compose_mosaic(
+    tiles: Iterator[tuple[np.ndarray, np.ndarray]], g: MosaicGeometry, canvas: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`mosaic` for a geometry drawn beforehand. `tiles` is consumed one tile at a time, each pasted on the
+    canvas before the next is taken, so a producer may hand out the same buffer for every tile
+    (`YoloDataset` does, for tiles decoded only inside `tile_source_rect`)."""
+    s, m = g.size, g.matrix
     if canvas is None or canvas.shape != (2 * s, 2 * s, 3) or canvas.dtype != np.uint8:
         canvas = np.empty((2 * s, 2 * s, 3), np.uint8)
-    wx0, wy0, wx1, wy1 = source_window(m, (s, s), (2 * s, 2 * s))
-    canvas[wy0:wy1, wx0:wx1] = PAD_VALUE
     all_labels = []
-    placements = tile_placements([img.shape[:2] for img, _ in tiles], (xc, yc), s)
-    for (img, labels), (x1a, y1a, x2a, y2a, x1b, y1b) in zip(tiles, placements):
-        # the part of the tile's rectangle inside the window
-        cx0, cy0, cx1, cy1 = max(x1a, wx0), max(y1a, wy0), min(x2a, wx1), min(y2a, wy1)
-        if cx1 > cx0 and cy1 > cy0:
+    quadrants = _window_quadrants(g)
+    for k, (img, labels) in enumerate(tiles):
+        (x1a, y1a, _, _, x1b, y1b), inside = _tile_in_window(k, img.shape[:2], g)
+        if inside is not None:  # the part of the tile's rectangle inside the window
+            cx0, cy0, cx1, cy1 = inside
             canvas[cy0:cy1, cx0:cx1] = img[
                 y1b + cy0 - y1a : y1b + cy1 - y1a, x1b + cx0 - x1a : x1b + cx1 - x1a
             ]
+        _fill_around(canvas, quadrants[k], inside)  # 114 only where the tile does not cover its quadrant
         shifted = labels.copy()
         shifted[:, [1, 3]] += x1a - x1b
         shifted[:, [2, 4]] += y1a - y1b
         all_labels.append(shifted)
+    for k in range(len(all_labels), 4):  # fewer than four tiles: their quadrants are grey
+        _fill_around(canvas, quadrants[k], None)
     out = _warp(canvas, m, (s, s))
     labels = np.concatenate(all_labels) if all_labels else np.zeros((0, 5), np.float32)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
-    return out, _apply_box_transform(labels, m, scale, (s, s))
+    return out, _apply_box_transform(labels, m, g.scale, (s, s))
 
 
 COLOR_COLUMNS = 6
@@ -247,23 +326,77 @@ def draw_color_params(p: AugmentParams, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def _hsv_table(params: np.ndarray) -> np.ndarray:
+    """uint8 [256, 1, 3]: the hue, saturation and value gains of `params` as one 3-channel table."""
+    x = np.arange(256, dtype=np.float32)
+    lut = np.empty((256, 1, 3), np.uint8)
+    lut[:, 0, 0] = (x * params[0]) % 180
+    lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
+    lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+    return lut
+
+
+_native_color: dict[str, object] = {}  # "lib": the checked native library for the table + flips, or None
+
+
+def _color_check(lib) -> bool:
+    """The native table + flips give cv2.LUT + cv2.flip's pixels on a small random image."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, (23, 37, 3), dtype=np.uint8)
+    table = rng.integers(0, 256, (256, 1, 3), dtype=np.uint8)
+    for flip_ud, flip_lr in ((False, False), (False, True), (True, False), (True, True)):
+        expected = cv2.LUT(src, table)
+        if flip_ud or flip_lr:
+            expected = cv2.flip(expected, -1 if flip_ud and flip_lr else (0 if flip_ud else 1))
+        got = np.zeros_like(src)
+        native.lut3_flip(lib, src, got, table, flip_lr, flip_ud)
+        if not np.array_equal(got, expected):
+            return False
+    return True
+
+
+def color_lut():
+    """The native library for the HSV table fused with the flips, checked against OpenCV once per process;
+    None (OpenCV's LUT and flip are used) when it is missing or its pixels differ."""
+    if "lib" not in _native_color:
+        lib = native.library()
+        try:
+            ok = lib is None or _color_check(lib)
+        except Exception:  # a library that misbehaves is not used
+            ok = False
+        if not ok:
+            log.info(
+                "native HSV table off (%s: pixels differ from OpenCV's): using cv2.LUT", native.library_path()
+            )
+            lib = None
+        _native_color["lib"] = lib
+    return _native_color["lib"]
+
+
 def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
     """BGR uint8 [h, w, 3] → a new RGB uint8 image with `params` (see `draw_color_params`) applied: hue,
     saturation and value scaled through one 3-channel lookup table, then the flips.
 
     The colour-order change rides on the HSV → RGB conversion the jitter needs anyway (no extra pass).
+    With the native library the table pass is `native.lut3_flip` (0.43 against cv2.LUT's 0.71 ms at
+    640 x 640: OpenCV's 3-channel table is a scalar loop), which also does the up-down flip: rows are
+    converted alike, so flipping them before HSV → RGB gives the same pixels. Not the left-right flip:
+    OpenCV's HSV → RGB gives some pixels one level apart in its vector body and its scalar tail, so
+    moving pixels along a row before it would change them (measured on widths not a multiple of 32).
     """
+    up_down, left_right = bool(params[4]), bool(params[5])
     if params[3]:
-        x = np.arange(256, dtype=np.float32)
-        lut = np.empty((256, 1, 3), np.uint8)  # one 3-channel table: a single LUT pass, no split/merge
-        lut[:, 0, 0] = (x * params[0]) % 180
-        lut[:, 0, 1] = np.clip(x * params[1], 0, 255)
-        lut[:, 0, 2] = np.clip(x * params[2], 0, 255)
+        lut = _hsv_table(params)
         hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)  # the one new image; the table and the way back in place
-        img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
+        lib = color_lut()
+        if lib is not None:
+            out = np.empty_like(hsv)
+            native.lut3_flip(lib, hsv, out, lut, flip_lr=False, flip_ud=up_down)
+            img, up_down = cv2.cvtColor(out, cv2.COLOR_HSV2RGB, dst=out), False
+        else:
+            img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
     else:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    up_down, left_right = bool(params[4]), bool(params[5])
     if up_down or left_right:
         img = cv2.flip(img, -1 if up_down and left_right else (0 if up_down else 1))
     return img

@@ -18,6 +18,10 @@ Decoding is the cost that bounds a mosaic pipeline (four images per sample), so:
   always top-left: one decode per sample instead of four, but fewer distinct images per batch (partners
   only from the ~32 images decoded last);
 - JPEGs at least twice the target size are decoded at reduced scale (libjpeg DCT scaling);
+- with the release's sampling and no cache, a tile's JPEG (at its stored size) is decoded only where the
+  mosaic's warp reads it (`region_decode`, `data.jpeg_roi`: libjpeg-turbo's column cropping and scanline
+  skipping; the centre and the affine are drawn before any decode): exactly the pixels of the whole
+  decode (tests/unit/test_data_roi_mosaic.py), at ~0.6 of its cost for 640x480 tiles at 640;
 - RAM cache ("ram"): decoded, resized images of the indices THIS RANK reads (`cache_shard`, called by
   `loader.build_dataloader` with the rank's fixed shard before the workers fork, so workers share the
   pages copy-on-write); under DDP each rank holds only its shard, so a node holds the dataset once.
@@ -49,17 +53,21 @@ import numpy as np
 
 from yolov5_smddp.data.augment import (
     AugmentParams,
+    MosaicGeometry,
     apply_color_hwc,
+    compose_mosaic,
     draw_color_params,
+    draw_mosaic_geometry,
     flip_labels,
     mixup,
-    mosaic,
     random_perspective,
+    tile_source_rect,
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.index import LabelIndex
+from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
 from yolov5_smddp.errors import DataError
@@ -151,6 +159,7 @@ class YoloDataset:
         seed: int = 0,
         color_on_device: bool = False,
         disk_cache: DiskPixelCache | None = None,
+        region_decode: bool = True,
     ) -> None:
         if cache_images not in CACHE_MODES:
             raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
@@ -185,6 +194,17 @@ class YoloDataset:
         self._partner_indices: np.ndarray | None = None  # the cached shard (RAM cache), else everything
         self._recent: OrderedDict[int, np.ndarray] = OrderedDict()
         self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
+        # decoding only the part of a JPEG a mosaic tile shows (`_tile_image`): where tiles come from
+        # files at their stored size; the pixels are the full decode's
+        self.region_decode = (
+            bool(region_decode)
+            and augment
+            and cache_images is None
+            and disk_cache is None
+            and mosaic_partners == "random"
+        )
+        self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
+        self._tile_buffer: np.ndarray | None = None  # reused for every region-decoded tile
         self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
 
     def __len__(self) -> int:
@@ -291,15 +311,58 @@ class YoloDataset:
         return [int(j) for j in candidates[self.rng.integers(0, len(candidates), k)]]
 
     def _mosaic_sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The plan, then the centre and the affine (the release's draws, drawn before any decode: a
+        tile's size is known from the index), then the tiles one at a time."""
         if self.mosaic_partners == "recent":
             self.load_image(i)  # before choosing partners, so the pool holds it
-        tiles = []
-        for j in self.mosaic_plan(i):
-            img = self.load_image(j)
-            tiles.append((img, self._pixel_labels(j, img)))
+        plan = self.mosaic_plan(i)
+        geometry = draw_mosaic_geometry(self.img_size, self.params, self.rng)
         if self._canvas is None:  # this process's scratch canvas (see augment.mosaic), reused
             self._canvas = np.empty((2 * self.img_size, 2 * self.img_size, 3), np.uint8)
-        return mosaic(tiles, self.img_size, self.params, self.rng, canvas=self._canvas)
+        return compose_mosaic(self._mosaic_tiles(plan, geometry), geometry, canvas=self._canvas)
+
+    def _mosaic_tiles(self, plan: list[int], geometry: MosaicGeometry):
+        """(image, labels) of each tile of `plan`, produced as `compose_mosaic` takes them (the region
+        decoder's buffer is reused from one tile to the next)."""
+        for k, j in enumerate(plan):
+            img = self._tile_image(k, j, geometry)
+            yield img, self._pixel_labels(j, img)
+
+    def region_eligible(self, j: int) -> bool:
+        """Whether tile image j may be decoded in part: a JPEG at its stored size (no DCT scaling, no
+        resize), not declined before, region decoding on and its library checked in this process."""
+        return (
+            self.region_decode
+            and j not in self._decode_whole
+            and self.images[j].suffix.lower() in (".jpg", ".jpeg")
+            and self.resized_hw(j) == (int(self.shapes[j][0]), int(self.shapes[j][1]))
+            and self.decode_flag(j) == cv2.IMREAD_COLOR
+            and region_decoder() is not None
+        )
+
+    def _tile_image(self, k: int, j: int, geometry: MosaicGeometry) -> np.ndarray:
+        """Image j as tile k of the mosaic: the whole resized image (`load_image`), or, where eligible,
+        a buffer of its size in which only the pixels the tile's warp reads are decoded."""
+        if not self.region_eligible(j):
+            return self.load_image(j)
+        if j in self._undecodable:
+            raise UndecodableImage(j, self.images[j], self._undecodable[j])
+        h, w = self.resized_hw(j)
+        if self._tile_buffer is None:
+            self._tile_buffer = np.empty((self.img_size, self.img_size, 3), np.uint8)
+        view = self._tile_buffer[:h, :w]
+        rect = tile_source_rect(k, (h, w), geometry)
+        if rect is None:
+            return view  # the tile does not show: none of its pixels are read
+        try:
+            with open(self.images[j], "rb") as f:
+                data = f.read()
+        except OSError:
+            data = b""
+        if data and decode_region(data, view, rect):
+            return view
+        self._decode_whole.add(j)  # not a file for this path (or a bad one): decoded whole from now on
+        return self.load_image(j)
 
     def substitute(self, i: int) -> int:
         """The index standing in for undecodable item i: the next index, cyclically, not known to be

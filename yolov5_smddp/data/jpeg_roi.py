@@ -1,0 +1,115 @@
+"""Decode only the part of a JPEG a mosaic tile shows (libjpeg-turbo's scanline cropping and skipping).
+
+A mosaic tile usually shows a fraction of its image (the centre and the affine are drawn before
+decoding: `augment.draw_mosaic_geometry`, `augment.tile_source_rect`). libjpeg-turbo (>= 1.5) can
+leave out the rows above a rectangle (`jpeg_skip_scanlines`: entropy-decoded, but no IDCT, upsampling
+or colour conversion), stop after its last row (nothing more is read), and convert only the iMCU
+columns around it (`jpeg_crop_scanline`). With OpenCV's decoder settings (JDCT_ISLOW, fancy upsampling,
+BGR out) the pixels inside the rectangle are the full decode's pixels, once the rectangle is widened by
+`CONTEXT_MARGIN` (the chroma upsampling at a crop or skip edge sees its neighbours through it):
+tests/unit/test_data_jpeg_roi.py proves it on 4:2:0 / 4:2:2 / 4:4:4, odd sizes, progressive files and
+edges, against `cv2.imdecode`.
+
+Reduced-DCT-scale decoding (libjpeg's scale_num / scale_denom) is NOT used here: its pixels differ from
+a full decode followed by a resize, and this path must give exactly the full decode's pixels.
+
+The decoder is in the loader's small C library (`native.c`, built by the Dockerfile; `native.py` loads
+it). It is used only when it loads AND passes a self-check at first use (an embedded 4:2:0 JPEG decoded in regions, compared with OpenCV's full
+decode, so a libjpeg differing from OpenCV's own is caught); otherwise one line is logged and the
+caller decodes whole images with OpenCV, as before. Files it does not handle — not 8-bit 3-component
+YCbCr (greyscale, CMYK, 12-bit), an Exif orientation other than 1 (OpenCV rotates those), a size other
+than the index's — and any libjpeg error or warning are answered "fall back" (`decode_region` returns
+None), never with pixels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import numpy as np
+
+from yolov5_smddp.data import native
+
+log = logging.getLogger(__name__)
+
+CONTEXT_MARGIN = 16
+"""Pixels added on each side of a wanted rectangle before decoding: one iMCU of the largest common
+sampling (16 px for 4:2:0), so the upsampling context at the region's edges is the full decode's."""
+_OK = 0
+
+_state: dict[str, object] = {}  # "lib": the checked library, or None when the path is off (per process)
+
+
+def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> int:
+    h, w = out.shape[:2]
+    if out.dtype != np.uint8 or out.ndim != 3 or out.shape[2] != 3 or out.strides[1:] != (3, 1):
+        raise ValueError(
+            f"out must be a uint8 [h, w, 3] array with packed pixels, got {out.dtype} {out.strides}"
+        )
+    box = (ctypes.c_int * 4)(*rect)
+    return lib.yv5_roi_decode(data, len(data), w, h, box, out.ctypes.data, out.strides[0])
+
+
+def widen(rect: tuple[int, int, int, int], w: int, h: int) -> tuple[int, int, int, int]:
+    """`rect` with `CONTEXT_MARGIN` pixels more on each side, clipped to a w x h image."""
+    x0, y0, x1, y1 = rect
+    m = CONTEXT_MARGIN
+    return max(x0 - m, 0), max(y0 - m, 0), min(x1 + m, w), min(y1 + m, h)
+
+
+def _self_check(lib) -> str | None:
+    """None when regions decoded by `lib` equal OpenCV's full decode on embedded test images, else why not."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    base = cv2.resize(
+        rng.integers(0, 256, (13, 17, 3), dtype=np.uint8), (203, 151), interpolation=cv2.INTER_CUBIC
+    )
+    base = cv2.add(base, rng.integers(0, 24, base.shape, dtype=np.uint8))
+    for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422):
+        params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling]
+        ok, enc = cv2.imencode(".jpg", base, params)
+        if not ok:
+            return "OpenCV cannot encode the test image"
+        data = enc.tobytes()
+        full = cv2.imdecode(enc, cv2.IMREAD_COLOR)
+        for rect in ((37, 45, 101, 99), (0, 0, 60, 30), (150, 120, 203, 151), (5, 70, 203, 90)):
+            out = np.zeros_like(full)
+            code = _call(lib, data, out, widen(rect, 203, 151))
+            x0, y0, x1, y1 = rect
+            if code != _OK:
+                return f"status {code} on a plain JPEG"
+            if not np.array_equal(out[y0:y1, x0:x1], full[y0:y1, x0:x1]):
+                return f"region {rect} differs from OpenCV's decode (sampling {sampling})"
+    return None
+
+
+def region_decoder() -> ctypes.CDLL | None:
+    """The checked library, self-checked on first use in this process; None (said once) when it is
+    missing or its pixels are not OpenCV's."""
+    if "lib" in _state:
+        return _state["lib"]  # type: ignore[return-value]
+    lib = native.library()
+    try:
+        problem = native.why_not() if lib is None else _self_check(lib)
+    except Exception as exc:  # an OpenCV without a flag the check uses, a library that crashes: off
+        problem = f"self-check failed: {type(exc).__name__}: {exc}"
+    if problem is not None:
+        lib = None
+        log.info("JPEG region decoding off (%s): tiles are decoded whole with OpenCV", problem)
+    _state["lib"] = lib
+    return lib
+
+
+def decode_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> bool:
+    """Decode the pixels of `rect` (x0, y0, x1, y1 in the image) of JPEG `data` into `out`, a uint8
+    [h, w, 3] buffer of the image's size, at their own coordinates: afterwards out[y0:y1, x0:x1] holds
+    exactly what `cv2.imdecode(data, IMREAD_COLOR)` gives there (other pixels: anything). False when
+    the caller must decode the whole image instead (no checked library, a file this path does not
+    handle, a decoder error or warning)."""
+    lib = region_decoder()
+    if lib is None:
+        return False
+    h, w = out.shape[:2]
+    return _call(lib, data, out, widen(rect, w, h)) == _OK

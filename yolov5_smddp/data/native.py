@@ -1,0 +1,96 @@
+"""The loader's small C library (native.c): loaded once per process with ctypes, or None.
+
+Built by the Dockerfile at `DEFAULT_LIBRARY` (or named by $YOLOV5_SMDDP_NATIVE_LIB). Every user of it
+checks its pixels against OpenCV once per process before relying on it (`jpeg_roi.region_decoder`,
+`augment.color_lut`) and falls back to OpenCV otherwise, so an image without the library, or with a
+libjpeg other than OpenCV's, trains on the same pixels, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIBRARY = Path("/opt/yolov5-smddp/lib/libyolov5_smddp_native.so")
+LIBRARY_ENV = "YOLOV5_SMDDP_NATIVE_LIB"
+ABI = 2
+
+_loaded: dict[str, object] = {}  # "lib": the library or None, "why": the reason it is None
+
+
+def library_path() -> Path:
+    """The library this process loads: $YOLOV5_SMDDP_NATIVE_LIB, else `DEFAULT_LIBRARY`."""
+    return Path(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    c_int, c_long, c_void_p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+    lib.yv5_roi_abi.restype, lib.yv5_roi_abi.argtypes = c_int, []
+    lib.yv5_roi_decode.restype = c_int
+    lib.yv5_roi_decode.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        c_int,
+        c_int,
+        ctypes.POINTER(c_int),
+        c_void_p,
+        c_long,
+    ]
+    lib.yv5_lut3_flip.restype = c_int
+    lib.yv5_lut3_flip.argtypes = [c_void_p, c_long, c_void_p, c_long, c_int, c_int, c_void_p, c_int, c_int]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library, or None (the reason in `why_not()`); loaded on the first call."""
+    if "lib" not in _loaded:
+        path = library_path()
+        try:
+            lib = _declare(ctypes.CDLL(str(path)))
+            abi = lib.yv5_roi_abi()
+            if abi != ABI:
+                raise OSError(f"{path}: ABI {abi}, this code expects {ABI}")
+            _loaded.update(lib=lib, why="")
+        except (OSError, AttributeError) as exc:  # OSError names the file
+            _loaded.update(lib=None, why=f"cannot load the library: {exc}")
+    return _loaded["lib"]  # type: ignore[return-value]
+
+
+def why_not() -> str:
+    """Why `library()` is None ("" when it loaded)."""
+    library()
+    return str(_loaded["why"])
+
+
+def lut3_flip(lib: ctypes.CDLL, src, dst, table, flip_lr: bool, flip_ud: bool) -> None:
+    """dst = cv2.LUT(src, table), flipped left-right and/or up-down, in one pass (`yv5_lut3_flip`).
+
+    src, dst: uint8 [h, w, 3] of the same shape with packed pixels (rows may be strided), not
+    overlapping; table: uint8 [256, 1, 3] (cv2.LUT's 3-channel table), C-contiguous."""
+    import numpy as np
+
+    for name, a in (("src", src), ("dst", dst)):
+        if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3 or a.strides[1:] != (3, 1):
+            raise ValueError(f"{name} must be uint8 [h, w, 3] with packed pixels, got {a.dtype} {a.strides}")
+    if src.shape != dst.shape:
+        raise ValueError(f"src {src.shape} and dst {dst.shape} differ")
+    if table.dtype != np.uint8 or table.size != 768 or not table.flags.c_contiguous:
+        raise ValueError("table must be a C-contiguous uint8 [256, 1, 3] array")
+    if np.shares_memory(src, dst):
+        raise ValueError("src and dst overlap")
+    h, w = src.shape[:2]
+    lib.yv5_lut3_flip(
+        src.ctypes.data,
+        src.strides[0],
+        dst.ctypes.data,
+        dst.strides[0],
+        h,
+        w,
+        table.ctypes.data,
+        flip_lr,
+        flip_ud,
+    )
