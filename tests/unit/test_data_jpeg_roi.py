@@ -10,6 +10,7 @@ import io
 import cv2
 import numpy as np
 import pytest
+from native_part import required
 from PIL import Image
 
 from yolov5_smddp.data import jpeg_roi, native
@@ -18,12 +19,7 @@ from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
 
 @pytest.fixture(scope="module")
 def lib():
-    found = region_decoder()
-    if found is None and native.library_path().exists():
-        pytest.fail(f"{native.library_path()} is there but fails to load or its self-check (see the log)")
-    if found is None:
-        pytest.skip(f"native library not built ({native.library_path()}): the Dockerfile builds it")
-    return found
+    return required(region_decoder())
 
 
 def _photo(w: int, h: int, seed: int) -> np.ndarray:

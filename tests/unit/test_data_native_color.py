@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from native_part import required
 
 from yolov5_smddp.data import augment, native
 from yolov5_smddp.data.augment import AugmentParams, apply_color_hwc, color_lut, draw_color_params
@@ -13,12 +14,7 @@ from yolov5_smddp.data.augment import AugmentParams, apply_color_hwc, color_lut,
 
 @pytest.fixture(scope="module")
 def lib():
-    found = color_lut()
-    if found is None and native.library_path().exists():
-        pytest.fail(f"{native.library_path()} is there but fails to load or its self-check (see the log)")
-    if found is None:
-        pytest.skip(f"native library not built ({native.library_path()}): the Dockerfile builds it")
-    return found
+    return required(color_lut())
 
 
 def test_native_colour_equals_opencv_table_and_flip(lib, monkeypatch):
