@@ -125,17 +125,22 @@ def test_user_errors_from_workers_keep_their_own_message_and_others_pass():
     assert explain_worker_failure(RuntimeError("CUDA error"), CONTEXT, FIGURES) is None
 
 
-def test_a_worker_killed_with_sigkill_ends_the_pass_with_the_explanation(tmp_path):
+def _two_worker_loader(tmp_path, n_train: int):
+    """A training loader of 2 persistent workers, batch 2, over n_train generated 96 px images."""
     root = tmp_path / "data"
-    make_default_dataset(root, n_train=40, n_val=0, imgsz=96)
+    make_default_dataset(root, n_train=n_train, n_val=0, imgsz=96)
     watch(root)
     index = build_label_index(
         [root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c", workers=1
     )
     ds = YoloDataset(index, 64, augment=True, hyp={})
-    loader = build_dataloader(
+    return build_dataloader(
         ds, batch_size=2, rank=0, world_size=1, workers=2, shuffle=True, seed=0, drop_last=True
     )
+
+
+def test_a_worker_killed_with_sigkill_ends_the_pass_with_the_explanation(tmp_path):
+    loader = _two_worker_loader(tmp_path, n_train=40)
     batches = iter(loader)
     next(batches)
     victim = loader._iterator._workers[0].pid
@@ -169,16 +174,7 @@ def test_a_worker_ended_by_sigterm_is_a_stop_not_a_memory_problem():
 def test_loader_workers_outlive_a_sigterm_from_outside(tmp_path):
     """A stop sends SIGTERM to every process (the container's PID 1, torch's launchers): the workers
     ignore it and the pass goes on; the trainer, which got it too, ends them itself."""
-    root = tmp_path / "data"
-    make_default_dataset(root, n_train=24, n_val=0, imgsz=96)
-    watch(root)
-    index = build_label_index(
-        [root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c", workers=1
-    )
-    ds = YoloDataset(index, 64, augment=True, hyp={})
-    loader = build_dataloader(
-        ds, batch_size=2, rank=0, world_size=1, workers=2, shuffle=True, seed=0, drop_last=True
-    )
+    loader = _two_worker_loader(tmp_path, n_train=24)
     batches = iter(loader)
     # batches 0 and 1 come from workers 0 and 1: both have run their worker_init (where SIGTERM is
     # taken over); a signal before that would hit a worker still starting up (a busy machine's race)
