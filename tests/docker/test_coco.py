@@ -23,8 +23,9 @@ write_coco_dataset(Path('/d/val'), n_images=6, seed=2, crowd_every=3, background
 """
 
 
-def test_training_channel_of_images_and_a_coco_json_trains(image: str, tmp_path: Path, engine: Engine):
-    data = tmp_path / "coco"
+def make_coco_channels(engine: Engine, image: str, data: Path) -> Path:
+    """`MAKE_COCO` run in the image under test (its OpenCV writes the JPEGs): data/train and data/val,
+    each images + instances.json; returns `data`."""
     data.mkdir()
     made = engine.run(
         image,
@@ -33,6 +34,11 @@ def test_training_channel_of_images_and_a_coco_json_trains(image: str, tmp_path:
         mounts=[bind(data, "/d"), bind(REPO / "tests" / "support", "/support", read_only=True)],
     )
     assert made.code == 0, made.log[-4000:]
+    return data
+
+
+def test_training_channel_of_images_and_a_coco_json_trains(image: str, tmp_path: Path, engine: Engine):
+    data = make_coco_channels(engine, image, tmp_path / "coco")
     assert (data / "train" / "instances.json").is_file() and not (data / "train" / "data.yaml").exists()
     before = sorted(p.relative_to(data) for p in data.rglob("*"))
     root = opt_ml_tree(

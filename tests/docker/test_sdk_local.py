@@ -236,19 +236,9 @@ def test_sdk_v2_local_mode_with_a_training_channel_and_a_release_cache(
 def test_sdk_v2_local_mode_with_a_coco_json_training_channel(client, image, engine, tmp_path, capsys, no_aws):
     """The `training` channel is images + one COCO instances JSON, no data.yaml: the job reads the JSON
     as it is (train and val) and writes nothing into the channel."""
-    from tests.docker.engine import bind
-    from tests.docker.test_coco import MAKE_COCO
+    from tests.docker.test_coco import make_coco_channels
 
-    data = tmp_path / "coco"
-    data.mkdir()
-    made = engine.run(
-        image,
-        ["-c", MAKE_COCO],
-        entrypoint="python3",
-        mounts=[bind(data, "/d"), bind(REPO / "tests" / "support", "/support", read_only=True)],
-    )
-    assert made.code == 0, made.log[-4000:]
-    channel = data / "train"
+    channel = make_coco_channels(engine, image, tmp_path / "coco") / "train"
     before = {p.relative_to(channel): p.stat().st_mtime_ns for p in channel.rglob("*")}
     log, members, best, _ = _sdk_fit(
         client, image, tmp_path, capsys, instance_count=1, inputs={"training": f"file://{channel}"}
