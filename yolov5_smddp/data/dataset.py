@@ -67,9 +67,15 @@ from yolov5_smddp.data.augment import (
 )
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.index import LabelIndex
-from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
+from yolov5_smddp.data.jpeg_roi import (
+    decode_region,
+    decode_region_restarts,
+    region_decoder,
+    transcode_with_restarts,
+)
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
+from yolov5_smddp.data.restart_cache import RestartCache
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -160,6 +166,7 @@ class YoloDataset:
         color_on_device: bool = False,
         disk_cache: DiskPixelCache | None = None,
         region_decode: bool = True,
+        restart_cache: RestartCache | None = None,
     ) -> None:
         if cache_images not in CACHE_MODES:
             raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
@@ -204,6 +211,9 @@ class YoloDataset:
             and mosaic_partners == "random"
         )
         self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
+        # restart-marker copies of the tiles' JPEGs (data.restart_cache), where region decoding applies
+        self.restart_cache = restart_cache if self.region_decode else None
+        self._no_copy: set[int] = set()  # indices whose copy cannot be made or used (this process)
         self._tile_buffer: np.ndarray | None = None  # reused for every region-decoded tile
         self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
 
@@ -354,12 +364,27 @@ class YoloDataset:
         rect = tile_source_rect(k, (h, w), geometry)
         if rect is None:
             return view  # the tile does not show: none of its pixels are read
+        cache, copy_path = self.restart_cache, None
+        if cache is not None and j not in self._no_copy:
+            copy_path = cache.copy_path(self.images[j])
+            copy = None if copy_path is None else cache.read(copy_path)
+            if copy is not None:
+                if decode_region_restarts(copy, view, rect):
+                    return view
+                # a copy that does not decode (damaged?): replaced below, not used again by this process
+                self._no_copy.add(j)
         try:
             with open(self.images[j], "rb") as f:
                 data = f.read()
         except OSError:
             data = b""
         if data and decode_region(data, view, rect):
+            if cache is not None and copy_path is not None:  # the image's first region decode: copy it
+                copy = transcode_with_restarts(data, w, h)
+                if copy is None:
+                    self._no_copy.add(j)
+                else:
+                    cache.write(copy_path, copy)
             return view
         self._decode_whole.add(j)  # not a file for this path (or a bad one): decoded whole from now on
         return self.load_image(j)
