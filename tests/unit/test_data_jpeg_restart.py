@@ -24,8 +24,6 @@ from yolov5_smddp.data.labels import build_label_index
 from yolov5_smddp.data.restart_cache import RestartCache, enough_space, restart_cache_for
 from yolov5_smddp.data.synthetic import make_default_dataset
 
-LAYOUTS = {"per_mcu": True, "per_row": False}
-
 
 @pytest.fixture(scope="module")
 def lib():
@@ -67,9 +65,9 @@ def _decode(data: bytes) -> np.ndarray:
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
 
 
-def _copy(lib, data: bytes, per_mcu: bool) -> bytes:
+def _copy(lib, data: bytes) -> bytes:
     full = _decode(data)
-    copy = jpeg_roi._transcode(lib, data, full.shape[1], full.shape[0], per_mcu)
+    copy = jpeg_roi._transcode(lib, data, full.shape[1], full.shape[0])
     assert copy is not None
     return copy
 
@@ -90,7 +88,13 @@ def _rects(w: int, h: int, rng: np.random.Generator, n_random: int) -> list[tupl
         (w // 3, h // 3, w // 3 + 1, h // 3 + 1),
         (0, h // 2, w, h // 2 + 1),  # a single row
     ]
-    while len(rects) < 13 + n_random:
+    for b in (8, 16, 32):  # edges at, one before and one after MCU boundaries (8 and 16 px MCUs)
+        for d in (-2, -1, 0, 1, 2):
+            x0, y0 = min(max(b + d, 0), w - 1), min(max(b + d, 0), h - 1)
+            rects.append((x0, y0, min(x0 + b, w), min(y0 + b, h)))
+            rects.append((0, 0, min(max(b + d, 1), w), min(max(b + d, 1), h)))
+    n_fixed = len(rects)
+    while len(rects) < n_fixed + n_random:
         x0, x1 = sorted(int(v) for v in rng.integers(0, w + 1, 2))
         y0, y1 = sorted(int(v) for v in rng.integers(0, h + 1, 2))
         if x1 > x0 and y1 > y0:
@@ -98,32 +102,31 @@ def _rects(w: int, h: int, rng: np.random.Generator, n_random: int) -> list[tupl
     return rects
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_copy_decodes_to_the_original_pixels(lib, layout):
+def test_the_copy_decodes_to_the_original_pixels(lib):
     for name, data in _variants().items():
-        copy = _copy(lib, data, LAYOUTS[layout])
+        copy = _copy(lib, data)
         assert copy.count(b"\xff\xdd") >= 1, name  # a DRI segment: restart markers
         assert np.array_equal(_decode(copy), _decode(data)), name
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_regions_of_the_copy_equal_the_full_decode(lib, layout):
+def test_regions_of_the_copy_equal_the_full_decode(lib):
     rng = np.random.default_rng(1)
     checked = 0
     for name, data in _variants().items():
         full = _decode(data)
         h, w = full.shape[:2]
-        copy = _copy(lib, data, LAYOUTS[layout])
+        copy = _copy(lib, data)
         for rect in _rects(w, h, rng, 6 if w * h < 2000 else 14):
             out = rng.integers(0, 256, full.shape, dtype=np.uint8)  # stale pixels
-            assert jpeg_roi._call_restarts(lib, copy, out, jpeg_roi.widen(rect, w, h)) == 0, (name, rect)
+            wide = jpeg_roi.widen(rect, w, h, jpeg_roi.RESTART_CONTEXT_MARGIN)
+            assert jpeg_roi._call_restarts(lib, copy, out, wide) == 0, (name, rect)
             x0, y0, x1, y1 = rect
             assert np.array_equal(out[y0:y1, x0:x1], full[y0:y1, x0:x1]), (name, rect)
             checked += 1
     assert checked > 300
 
 
-def test_the_public_path_uses_the_chosen_layout(lib):
+def test_the_public_functions(lib):
     data = _pil_jpeg(_photo(203, 151, seed=2), quality=90)
     full = _decode(data)
     copy = jpeg_roi.transcode_with_restarts(data, 203, 151)
@@ -133,18 +136,17 @@ def test_the_public_path_uses_the_chosen_layout(lib):
     assert np.array_equal(out[60:100, 50:120], full[60:100, 50:120])
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_into_a_strided_view_and_only_the_kept_mcus_are_written(lib, layout):
+def test_into_a_strided_view_and_only_the_kept_mcus_are_written(lib):
     img = _photo(640, 480, seed=4)
     data = _pil_jpeg(img, quality=90)  # 4:2:0: 16 x 16 MCUs
     full = _decode(data)
-    copy = _copy(lib, data, LAYOUTS[layout])
+    copy = _copy(lib, data)
     big = np.zeros((640, 704, 3), np.uint8)
     view = big[:480, :640]
     rect = (300, 200, 360, 260)
-    assert jpeg_roi._call_restarts(lib, copy, view, jpeg_roi.widen(rect, 640, 480)) == 0
+    assert jpeg_roi.decode_region_restarts(copy, view, rect)
     assert np.array_equal(view[200:260, 300:360], full[200:260, 300:360])
-    m = jpeg_roi.CONTEXT_MARGIN
+    m = jpeg_roi.RESTART_CONTEXT_MARGIN
     top, bottom = (200 - m) // 16 * 16, -(-(260 + m) // 16) * 16  # MCU rows holding the widened rows
     assert not big[:top].any() and not big[bottom:].any()
     assert not big[:, 640:].any()  # nothing beyond the image's width
@@ -157,7 +159,7 @@ def test_other_layouts_are_declined(lib):
     copy: False (the caller decodes otherwise), never pixels."""
     img = _photo(203, 151, seed=5)
     plain = _pil_jpeg(img, quality=90)
-    copy = _copy(lib, plain, True)
+    copy = _copy(lib, plain)
     cases = {
         "no restarts": plain,
         "interval 3": cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_RST_INTERVAL, 3])[1].tobytes(),

@@ -136,6 +136,14 @@ def resized_hw(shape_hw, img_size: int) -> tuple[int, int]:
     return max(round(h0 * r), 1), max(round(w0 * r), 1)
 
 
+def region_files(images: list[Path], shapes_hw: np.ndarray, img_size: int) -> np.ndarray:
+    """bool [N]: which images a mosaic tile may decode in part (`YoloDataset.region_eligible`): JPEGs
+    whose long side is img_size, i.e. decoded at their stored size (`resized_hw` keeps them, and
+    `decode_flag` is IMREAD_COLOR: no DCT scaling below twice the size)."""
+    jpeg = np.fromiter((p.suffix.lower() in (".jpg", ".jpeg") for p in images), bool, len(images))
+    return jpeg & (np.asarray(shapes_hw).reshape(-1, 2).max(axis=1) == img_size)
+
+
 def _with_crowd(labels: np.ndarray, crowd: np.ndarray) -> np.ndarray:
     """Validation labels with the image's crowd regions appended, marked by class -1 - cls (< 0)."""
     if not len(crowd):
@@ -211,6 +219,7 @@ class YoloDataset:
             and mosaic_partners == "random"
         )
         self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
+        self._region_files: np.ndarray | None = None  # `region_files` of this dataset, made on first use
         # restart-marker copies of the tiles' JPEGs (data.restart_cache), where region decoding applies
         self.restart_cache = restart_cache if self.region_decode else None
         self._no_copy: set[int] = set()  # indices whose copy cannot be made or used (this process)
@@ -341,12 +350,12 @@ class YoloDataset:
     def region_eligible(self, j: int) -> bool:
         """Whether tile image j may be decoded in part: a JPEG at its stored size (no DCT scaling, no
         resize), not declined before, region decoding on and its library checked in this process."""
+        if self._region_files is None:  # per image, once: the per-tile check is then a lookup
+            self._region_files = region_files(self.images, self.shapes, self.img_size)
         return (
             self.region_decode
+            and bool(self._region_files[j])
             and j not in self._decode_whole
-            and self.images[j].suffix.lower() in (".jpg", ".jpeg")
-            and self.resized_hw(j) == (int(self.shapes[j][0]), int(self.shapes[j][1]))
-            and self.decode_flag(j) == cv2.IMREAD_COLOR
             and region_decoder() is not None
         )
 

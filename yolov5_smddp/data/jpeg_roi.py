@@ -24,10 +24,10 @@ None), never with pixels.
 Restart-marker copies (issue 25): `jpeg_skip_scanlines` still entropy-decodes every row it skips, and
 the top tiles of a mosaic show the bottom of their images. `transcode_with_restarts` makes a lossless
 copy of a file this path accepts (the same DCT coefficients and quantisation tables, so the same pixels,
-tests/unit/test_data_jpeg_restart.py) with a restart marker after every MCU row;
+tests/unit/test_data_jpeg_restart.py) with a restart marker after every MCU;
 `decode_region_restarts` then decodes a rectangle of such a copy from just the restart segments of
-its rows (a JPEG of those segments is built in a reused scratch buffer), with the same crop, skip and
-margin as `decode_region`. Where the copies live is `data.restart_cache`'s business.
+its MCUs (a JPEG of those segments is built in a reused scratch buffer), with a margin of one pixel
+(`RESTART_CONTEXT_MARGIN`). Where the copies live is `data.restart_cache`'s business.
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ log = logging.getLogger(__name__)
 CONTEXT_MARGIN = 16
 """Pixels added on each side of a wanted rectangle before decoding: one iMCU of the largest common
 sampling (16 px for 4:2:0), so the upsampling context at the region's edges is the full decode's."""
+RESTART_CONTEXT_MARGIN = 1
+"""The same for `decode_region_restarts`, which decodes a JPEG of the whole MCUs holding the rectangle
+(no column cropping, no rows skipped across MCUs): libjpeg's fancy upsampling reads one chroma sample
+either side of a pixel and replicates at the image's edges, so in such a JPEG only its first and last
+rows and columns can differ from the full decode, and MCUs holding the rectangle widened by one pixel
+keep those outside it (tested at and beside MCU boundaries in tests/unit/test_data_jpeg_restart.py)."""
 _OK = 0
-
-RESTARTS_PER_MCU = True
-"""Restart markers after every MCU (True: a region's columns are cut before entropy decoding too) or
-after every MCU row (False); chosen by measurement (docs/PERFORMANCE.md)."""
 
 _state: dict[str, object] = {}  # "lib": the checked library, or None when the path is off (per process)
 # "rst": the library when its restart-marker path passed its own check, else None
@@ -65,10 +67,11 @@ def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, 
     return lib.yv5_roi_decode(data, len(data), w, h, box, out.ctypes.data, out.strides[0])
 
 
-def widen(rect: tuple[int, int, int, int], w: int, h: int) -> tuple[int, int, int, int]:
-    """`rect` with `CONTEXT_MARGIN` pixels more on each side, clipped to a w x h image."""
+def widen(
+    rect: tuple[int, int, int, int], w: int, h: int, m: int = CONTEXT_MARGIN
+) -> tuple[int, int, int, int]:
+    """`rect` with `m` pixels more on each side, clipped to a w x h image."""
     x0, y0, x1, y1 = rect
-    m = CONTEXT_MARGIN
     return max(x0 - m, 0), max(y0 - m, 0), min(x1 + m, w), min(y1 + m, h)
 
 
@@ -87,11 +90,9 @@ def _call_restarts(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[i
     )
 
 
-def _transcode(lib: ctypes.CDLL, data: bytes, w: int, h: int, per_mcu: bool) -> bytes | None:
+def _transcode(lib: ctypes.CDLL, data: bytes, w: int, h: int) -> bytes | None:
     result, size = ctypes.c_void_p(), ctypes.c_ulong()
-    code = lib.yv5_rst_transcode(
-        data, len(data), w, h, int(per_mcu), ctypes.byref(result), ctypes.byref(size)
-    )
+    code = lib.yv5_rst_transcode(data, len(data), w, h, ctypes.byref(result), ctypes.byref(size))
     if code != _OK or not result.value:
         return None
     try:
@@ -138,12 +139,12 @@ def _self_check_restarts(lib) -> str | None:
     OpenCV's full decode of the originals, else why not."""
     for data, full in _check_images():
         h, w = full.shape[:2]
-        copy = _transcode(lib, data, w, h, RESTARTS_PER_MCU)
+        copy = _transcode(lib, data, w, h)
         if copy is None:
             return "the copy with restart markers could not be written"
         for rect in ((37, 45, 101, 99), (0, 0, 60, 30), (150, 120, 203, 151), (5, 70, 203, 90), (0, 0, w, h)):
             out = np.zeros_like(full)
-            code = _call_restarts(lib, copy, out, widen(rect, w, h))
+            code = _call_restarts(lib, copy, out, widen(rect, w, h, RESTART_CONTEXT_MARGIN))
             x0, y0, x1, y1 = rect
             if code != _OK:
                 return f"status {code} on a copy with restart markers"
@@ -203,12 +204,12 @@ def restart_decoder() -> ctypes.CDLL | None:
 
 
 def transcode_with_restarts(data: bytes, w: int, h: int) -> bytes | None:
-    """A lossless copy of JPEG `data` (w x h) with restart markers (`RESTARTS_PER_MCU`): the same DCT
+    """A lossless copy of JPEG `data` (w x h) with a restart marker after every MCU: the same DCT
     coefficients and quantisation tables, so a decoder gives the same pixels; None when the restart
     path is off or the file is not one `decode_region` takes (or a progressive file with coefficient
     bits never sent)."""
     lib = restart_decoder()
-    return None if lib is None else _transcode(lib, data, w, h, RESTARTS_PER_MCU)
+    return None if lib is None else _transcode(lib, data, w, h)
 
 
 def decode_region_restarts(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> bool:
@@ -219,4 +220,4 @@ def decode_region_restarts(data: bytes, out: np.ndarray, rect: tuple[int, int, i
     if lib is None:
         return False
     h, w = out.shape[:2]
-    return _call_restarts(lib, data, out, widen(rect, w, h)) == _OK
+    return _call_restarts(lib, data, out, widen(rect, w, h, RESTART_CONTEXT_MARGIN)) == _OK

@@ -21,18 +21,21 @@
  *     (x0 rounded down to an iMCU column by libjpeg, x1 up); out/stride: the first pixel of a
  *     height x width x 3 uint8 buffer and its row stride in bytes. Only the rows and columns of the
  *     written rectangle are touched.
- *   yv5_rst_transcode(data, size, width, height, per_mcu, &result, &result_size) -> YV5_ROI_*
+ *   yv5_rst_transcode(data, size, width, height, &result, &result_size) -> YV5_ROI_*
  *     a lossless copy of the JPEG (the same DCT coefficients, quantisation tables, sampling and component
  *     ids, so the same pixels; one sequential scan, optimised Huffman tables) with a restart marker after
- *     every MCU row (per_mcu = 0) or every MCU (per_mcu = 1). Declines (UNSUPPORTED) what yv5_roi_decode
- *     declines, and a progressive file with coefficient bits never sent (decoded with block smoothing).
- *     On OK, *result is a malloc'd buffer of *result_size bytes: the caller frees it with yv5_free.
+ *     every MCU. Declines (UNSUPPORTED) what yv5_roi_decode declines, and a progressive file with
+ *     coefficient bits never sent (libjpeg decodes those with block smoothing, a sequential copy would
+ *     not be). On OK, *result is a malloc'd buffer of *result_size bytes: free it with yv5_free.
  *   yv5_rst_decode(data, size, width, height, rect[4], out, stride, scratch, scratch_size) -> YV5_ROI_*
- *     yv5_roi_decode for a file written by yv5_rst_transcode, entropy-decoding only the MCU rows (with
- *     per_mcu: the MCUs) that hold the rectangle: a JPEG of just those restart segments (headers with
- *     the SOF size patched, markers renumbered from RST0, EOI) is built in scratch (at least size + 2
- *     bytes) and decoded, its pixels written at their true offset in out. UNSUPPORTED for any other
- *     layout (no restart interval of one MCU row or one MCU, several scans, progressive).
+ *     yv5_roi_decode for a file written by yv5_rst_transcode, entropy-decoding only the MCUs that hold
+ *     the rectangle: a JPEG of just their restart segments (the headers with the SOF size patched, the
+ *     markers renumbered from RST0, EOI) is built in scratch (at least size + 2 bytes) and decoded whole
+ *     (rows above the rectangle inside its first MCU row skipped, none read after its last row), its
+ *     pixels written at their true offset in out; rect out = the columns written (whole MCUs). Pixels
+ *     that are not the full decode's: the first and last rows and columns of that JPEG (upsampling
+ *     context), unless they are the image's own edges, so the caller widens the rectangle by one pixel.
+ *     UNSUPPORTED for any other layout (no restart after every MCU, several scans, progressive).
  *   yv5_lut3_flip(src, src_stride, dst, dst_stride, height, width, table, flip_lr, flip_ud) -> 0
  *     dst[y', x', c] = table[3 * src[y, x, c] + c] for uint8 [height, width, 3] images (strides in bytes),
  *     with x' = width - 1 - x when flip_lr, y' = height - 1 - y when flip_ud (else x, y); table is
@@ -186,9 +189,9 @@ int yv5_roi_decode(const unsigned char *data, unsigned long size, int width, int
     return status;
 }
 
-/* ---- restart-marker files: a lossless copy whose rows (or MCUs) can be found without entropy decoding */
+/* ---- restart-marker files: a lossless copy whose MCUs can be found without entropy decoding */
 
-int yv5_rst_transcode(const unsigned char *data, unsigned long size, int width, int height, int per_mcu,
+int yv5_rst_transcode(const unsigned char *data, unsigned long size, int width, int height,
                       unsigned char **result, unsigned long *result_size) {
     struct jpeg_decompress_struct src;
     struct jpeg_compress_struct dst;
@@ -242,8 +245,7 @@ int yv5_rst_transcode(const unsigned char *data, unsigned long size, int width, 
     jpeg_mem_dest(&dst, (unsigned char **)&buffer, &buffer_size);
     jpeg_copy_critical_parameters(&src, &dst); /* same quantisation tables, sampling and component ids */
     dst.optimize_coding = TRUE;
-    if (per_mcu) dst.restart_interval = 1;
-    else dst.restart_in_rows = 1;
+    dst.restart_interval = 1; /* a restart segment per MCU: a region's rows and columns can be cut out */
     jpeg_write_coefficients(&dst, coefs);
     jpeg_finish_compress(&dst);
     jpeg_finish_decompress(&src);
@@ -257,15 +259,14 @@ int yv5_rst_transcode(const unsigned char *data, unsigned long size, int width, 
 
 void yv5_free(void *p) { free(p); }
 
-/* The layout of a restart-marker file (one sequential scan of all three components, a restart every
- * MCU row or every MCU), read from its headers; 0 when it is something else. */
+/* The layout of a restart-marker file (one sequential scan of all three components, a restart after
+ * every MCU), read from its headers; 0 when it is something else. */
 struct rst_layout {
     unsigned long sof;      /* offset of the SOF segment's length field */
     unsigned long scan;     /* offset of the first entropy-coded byte */
     int width, height;      /* the image's */
     int mcu_w, mcu_h;       /* pixels */
     int cols, rows;         /* MCUs */
-    int per_mcu;            /* 1: a restart every MCU, 0: every MCU row */
 };
 
 static int rst_parse(const unsigned char *d, unsigned long n, struct rst_layout *l) {
@@ -313,10 +314,7 @@ static int rst_parse(const unsigned char *d, unsigned long n, struct rst_layout 
     l->mcu_h = 8 * vmax;
     l->cols = (l->width + l->mcu_w - 1) / l->mcu_w;
     l->rows = (l->height + l->mcu_h - 1) / l->mcu_h;
-    if (interval == 1) l->per_mcu = 1;
-    else if (interval == (unsigned)l->cols) l->per_mcu = 0;
-    else return 0;
-    return 1;
+    return interval == 1;
 }
 
 /* Copy into v (capacity cap) a JPEG of MCU rows r0..r1 and MCU columns c0..c1 of the restart file d:
@@ -325,9 +323,8 @@ static int rst_parse(const unsigned char *d, unsigned long n, struct rst_layout 
 static unsigned long rst_extract(const unsigned char *d, unsigned long n, const struct rst_layout *l, int r0,
                                  int r1, int c0, int c1, unsigned char *v, unsigned long cap) {
     unsigned long seg_start = l->scan, p = l->scan, w;
-    long k = 0, kept = 0;
-    int per_row = l->per_mcu ? l->cols : 1;
-    long first = (long)r0 * per_row, last = (long)r1 * per_row; /* segment range covering the rows */
+    long k = 0, kept = 0;                                           /* k: the segment (= MCU) ending at p */
+    long first = (long)r0 * l->cols, last = (long)r1 * l->cols; /* the MCUs of rows r0..r1 */
     int vw = c1 == l->cols ? l->width - c0 * l->mcu_w : (c1 - c0) * l->mcu_w;
     int vh = r1 == l->rows ? l->height - r0 * l->mcu_h : (r1 - r0) * l->mcu_h;
 
@@ -351,10 +348,10 @@ static unsigned long rst_extract(const unsigned char *d, unsigned long n, const 
         }
         if (marker >= 0xD0 && marker <= 0xD7) {
             if (marker != 0xD0 + (unsigned)(k & 7)) return 0;
-        } else if (marker != 0xD9 || k != (long)l->rows * per_row - 1) {
+        } else if (marker != 0xD9 || k != (long)l->rows * l->cols - 1) {
             return 0; /* EOI only after the last segment; any other marker: not our layout */
         }
-        if (k >= first && (!l->per_mcu || (k % per_row >= c0 && k % per_row < c1))) {
+        if (k >= first && k % l->cols >= c0 && k % l->cols < c1) {
             unsigned long len = p - seg_start;
             if (w + len + 2 > cap) return 0;
             if (kept > 0) { /* the marker before this segment, numbered in the new sequence */
@@ -380,29 +377,26 @@ int yv5_rst_decode(const unsigned char *data, unsigned long size, int width, int
     struct rst_layout l;
     JDIMENSION xoff, xwidth;
     unsigned long vsize;
-    int r0, r1, c0 = 0, c1, status, vw, vh;
+    int r0, r1, c0, c1, status, vw, vh;
 
     if (data == NULL || out == NULL || scratch == NULL || bad_rect(width, height, rect, stride))
         return YV5_ROI_BAD_ARGS;
     if (!rst_parse(data, size, &l) || l.width != width || l.height != height) return YV5_ROI_UNSUPPORTED;
     r0 = rect[1] / l.mcu_h;
     r1 = (rect[3] + l.mcu_h - 1) / l.mcu_h;
-    c1 = l.cols;
-    if (l.per_mcu) {
-        c0 = rect[0] / l.mcu_w;
-        c1 = (rect[2] + l.mcu_w - 1) / l.mcu_w;
-    }
+    c0 = rect[0] / l.mcu_w;
+    c1 = (rect[2] + l.mcu_w - 1) / l.mcu_w;
     vsize = rst_extract(data, size, &l, r0, r1, c0, c1, scratch, scratch_size);
     if (vsize == 0) return YV5_ROI_FAILED;
     vw = c1 == l.cols ? l.width - c0 * l.mcu_w : (c1 - c0) * l.mcu_w;
     vh = r1 == l.rows ? l.height - r0 * l.mcu_h : (r1 - r0) * l.mcu_h;
-    status = decode_rows(scratch, vsize, vw, vh, 0, rect[0] - c0 * l.mcu_w, rect[1] - r0 * l.mcu_h,
-                         rect[2] - c0 * l.mcu_w, rect[3] - r0 * l.mcu_h,
+    /* all the columns of the kept MCUs (no jpeg_crop_scanline: its cut edge would be one more edge) */
+    status = decode_rows(scratch, vsize, vw, vh, 0, 0, rect[1] - r0 * l.mcu_h, vw, rect[3] - r0 * l.mcu_h,
                          out + (ptrdiff_t)r0 * l.mcu_h * stride + 3 * (ptrdiff_t)c0 * l.mcu_w, stride, &xoff,
                          &xwidth);
     if (status == YV5_ROI_OK) {
-        rect[0] = (int)xoff + c0 * l.mcu_w;
-        rect[2] = (int)(xoff + xwidth) + c0 * l.mcu_w;
+        rect[0] = c0 * l.mcu_w;
+        rect[2] = c0 * l.mcu_w + vw;
     }
     return status;
 }

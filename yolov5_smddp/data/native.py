@@ -46,7 +46,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_ulong,
         c_int,
         c_int,
-        c_int,
         ctypes.POINTER(c_void_p),
         ctypes.POINTER(ctypes.c_ulong),
     ]

@@ -79,7 +79,7 @@ class RestartCache:
     def read(path: Path) -> bytes | None:
         """The copy's bytes, or None when it is not there (yet)."""
         try:
-            with open(path, "rb") as handle:
+            with open(path, "rb", buffering=0) as handle:  # one read: no buffered reader
                 return handle.read()
         except OSError:
             return None
