@@ -154,6 +154,7 @@ def _region_ceiling_stream(dataset, seed: int = 0):
 
     order = np.random.default_rng(seed).permutation(len(dataset))
     buffer = np.empty((dataset.img_size, dataset.img_size, 3), np.uint8)
+    file_buffer = np.empty(1 << 20, np.uint8)
 
     def step(k: int) -> None:
         plan = dataset.mosaic_plan(int(order[k % len(order)]))
@@ -168,7 +169,7 @@ def _region_ceiling_stream(dataset, seed: int = 0):
                 continue
             cache = dataset.restart_cache
             copy_path = None if cache is None else cache.copy_path(dataset.images[j])
-            copy = None if copy_path is None else cache.read(copy_path)
+            copy = None if copy_path is None else cache.read(copy_path, file_buffer)
             if copy is not None:
                 decode_region_restarts(copy, buffer[:h, :w], rect)
             else:

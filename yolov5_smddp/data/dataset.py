@@ -223,6 +223,7 @@ class YoloDataset:
         # restart-marker copies of the tiles' JPEGs (data.restart_cache), where region decoding applies
         self.restart_cache = restart_cache if self.region_decode else None
         self._no_copy: set[int] = set()  # indices whose copy cannot be made or used (this process)
+        self._copy_buffer: np.ndarray | None = None  # copies are read into it (1 MiB; larger ones: their own)
         self._tile_buffer: np.ndarray | None = None  # reused for every region-decoded tile
         self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
 
@@ -376,7 +377,9 @@ class YoloDataset:
         cache, copy_path = self.restart_cache, None
         if cache is not None and j not in self._no_copy:
             copy_path = cache.copy_path(self.images[j])
-            copy = None if copy_path is None else cache.read(copy_path)
+            if self._copy_buffer is None:
+                self._copy_buffer = np.empty(1 << 20, np.uint8)
+            copy = None if copy_path is None else cache.read(copy_path, self._copy_buffer)
             if copy is not None:
                 if decode_region_restarts(copy, view, rect):
                     return view

@@ -75,18 +75,28 @@ def widen(
     return max(x0 - m, 0), max(y0 - m, 0), min(x1 + m, w), min(y1 + m, h)
 
 
-def _call_restarts(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> int:
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]  # cheaper than a.ctypes.data, which builds an object
+
+
+def _call_restarts(
+    lib: ctypes.CDLL, data: bytes | np.ndarray, out: np.ndarray, rect: tuple[int, int, int, int]
+) -> int:
     h, w = out.shape[:2]
     if out.dtype != np.uint8 or out.ndim != 3 or out.shape[2] != 3 or out.strides[1:] != (3, 1):
         raise ValueError(
             f"out must be a uint8 [h, w, 3] array with packed pixels, got {out.dtype} {out.strides}"
         )
+    if not isinstance(data, np.ndarray):
+        data = np.frombuffer(data, np.uint8)
+    if data.dtype != np.uint8 or data.ndim != 1 or not data.flags.c_contiguous:
+        raise ValueError(f"data must be bytes or a contiguous uint8 [n] array, got {data.dtype} {data.shape}")
     scratch = _scratch.get("buf")
-    if scratch is None or scratch.size < len(data) + 2:
-        scratch = _scratch["buf"] = np.empty(max(2 * (len(data) + 2), 1 << 16), np.uint8)  # grows rarely
+    if scratch is None or scratch.size < data.size + 2:
+        scratch = _scratch["buf"] = np.empty(max(2 * (data.size + 2), 1 << 16), np.uint8)  # grows rarely
     box = (ctypes.c_int * 4)(*rect)
     return lib.yv5_rst_decode(
-        data, len(data), w, h, box, out.ctypes.data, out.strides[0], scratch.ctypes.data, scratch.size
+        _address(data), data.size, w, h, box, _address(out), out.strides[0], _address(scratch), scratch.size
     )
 
 
@@ -212,9 +222,11 @@ def transcode_with_restarts(data: bytes, w: int, h: int) -> bytes | None:
     return None if lib is None else _transcode(lib, data, w, h)
 
 
-def decode_region_restarts(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> bool:
-    """`decode_region` for a copy made by `transcode_with_restarts`, entropy-decoding only the MCU rows
-    that hold `rect` plus its margin. False when the caller must decode otherwise (the restart path
+def decode_region_restarts(
+    data: bytes | np.ndarray, out: np.ndarray, rect: tuple[int, int, int, int]
+) -> bool:
+    """`decode_region` for a copy made by `transcode_with_restarts` (bytes, or a contiguous uint8 [n]
+    array), entropy-decoding only the MCUs that hold `rect` plus its margin. False when the caller must decode otherwise (the restart path
     off, a file of another layout, a decoder error or warning)."""
     lib = restart_decoder()
     if lib is None:

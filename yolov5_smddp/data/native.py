@@ -51,7 +51,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ]
     lib.yv5_rst_decode.restype = c_int
     lib.yv5_rst_decode.argtypes = [
-        ctypes.c_char_p,
+        c_void_p,
         ctypes.c_ulong,
         c_int,
         c_int,
