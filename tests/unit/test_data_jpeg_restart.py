@@ -358,3 +358,37 @@ def test_a_cache_that_cannot_be_written_costs_one_log_line(lib, data_root, tmp_p
     said = [r for r in caplog.records if "--jpeg-restart-cache" in r.getMessage()]
     assert len(said) == 1 and "cannot write" in said[0].getMessage()
     assert not cache.enabled and calls["copy"] == 0 and calls["original"] > 20
+
+
+def test_the_option_and_where_the_trainer_uses_the_copies(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from yolov5_smddp import trainer
+    from yolov5_smddp.config import parse_train_args
+    from yolov5_smddp.errors import ConfigError
+
+    assert parse_train_args([]).jpeg_restart_cache == "on"
+    assert parse_train_args(["--jpeg-restart-cache", "off"]).jpeg_restart_cache == "off"
+    assert parse_train_args(["--jpeg_restart_cache", "OFF"]).jpeg_restart_cache == "off"
+    with pytest.raises(ConfigError):
+        parse_train_args(["--jpeg-restart-cache", "maybe"])
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"x")
+    bundle = SimpleNamespace(train_index=SimpleNamespace(images=[image]))
+
+    def config(**kw):
+        return SimpleNamespace(
+            **{"jpeg_restart_cache": "on", "cache": None, "mosaic_partners": "random", **kw}
+        )
+
+    with caplog.at_level(logging.INFO, logger="yolov5_smddp"):
+        cache = trainer.restart_cache(config(), bundle, tmp_path / "c", main=True)
+    assert isinstance(cache, RestartCache) and cache.folder == tmp_path / "c" / restart_cache.FOLDER
+    assert str(cache.folder) in caplog.text
+    for off in (
+        {"jpeg_restart_cache": "off"},
+        {"cache": "ram"},
+        {"cache": "disk"},
+        {"mosaic_partners": "recent"},
+    ):
+        assert trainer.restart_cache(config(**off), bundle, tmp_path / "c", main=True) is None
