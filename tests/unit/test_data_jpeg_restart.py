@@ -27,7 +27,13 @@ from yolov5_smddp.data.synthetic import make_default_dataset
 
 @pytest.fixture(scope="module")
 def lib():
-    return required(jpeg_roi.restart_decoder())
+    """The library itself (not through the restart path's self-check: these tests must see a broken
+    restart path fail on their own, not only at the fixture)."""
+    return required(jpeg_roi.region_decoder())
+
+
+def test_the_restart_path_passes_its_self_check(lib):
+    assert jpeg_roi.restart_decoder() is lib
 
 
 def _photo(w: int, h: int, seed: int) -> np.ndarray:
@@ -196,6 +202,19 @@ def test_files_the_region_path_declines_are_not_copied(lib, case):
     assert jpeg_roi.transcode_with_restarts(data, 120, 90) is None
 
 
+def test_a_progressive_file_with_coefficient_bits_never_sent_is_not_copied(lib):
+    """libjpeg decodes such a file with block smoothing (its estimate of the missing bits), which a
+    sequential copy of the same coefficients would not get: declined."""
+    data = _pil_jpeg(_photo(203, 151, seed=8), quality=90, progressive=True)
+    scans = [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xDA]
+    assert len(scans) > 3
+    partial = data[: scans[2]] + b"\xff\xd9"  # the first two scans (DC, then the first AC band) only
+    full = _decode(partial)
+    assert full is not None and full.shape == (151, 203, 3)
+    assert jpeg_roi.transcode_with_restarts(partial, 203, 151) is None
+    assert jpeg_roi.transcode_with_restarts(data, 203, 151) is not None
+
+
 def test_a_broken_restart_path_fails_its_self_check(lib, monkeypatch, caplog):
     class Shifted:  # pixels one bit off here and there: a libjpeg other than OpenCV's
         def __init__(self, real):
@@ -219,6 +238,16 @@ def test_a_broken_restart_path_fails_its_self_check(lib, monkeypatch, caplog):
 
 
 # ------------------------------------------------------------------------------------------ the cache
+
+
+def test_copy_names():
+    base = restart_cache.copy_name("/d/a.jpg", 100, 5)
+    assert base == restart_cache.copy_name("/d/a.jpg", 100, 5) and base.endswith(".jpg")
+    others = {
+        restart_cache.copy_name(*a)
+        for a in (("/d/b.jpg", 100, 5), ("/d/a.jpg", 101, 5), ("/d/a.jpg", 100, 6))
+    }
+    assert len(others) == 3 and base not in others
 
 
 def test_space_rule():
@@ -325,6 +354,11 @@ def test_a_changed_image_gets_a_new_copy(lib, data_root, tmp_path, monkeypatch):
         if old.exists():
             break
     assert old.exists()
+    st = os.stat(image)
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert cache.copy_path(image) != old  # the same bytes with a new mtime: another copy
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert cache.copy_path(image) == old
     # the image is replaced by another picture of the same size; its mtime moves on
     h, w = (int(v) for v in ds.shapes[0])
     other = cv2.imencode(".jpg", _photo(w, h, seed=7))[1].tobytes()
@@ -392,3 +426,18 @@ def test_the_option_and_where_the_trainer_uses_the_copies(tmp_path, caplog):
         {"mosaic_partners": "recent"},
     ):
         assert trainer.restart_cache(config(**off), bundle, tmp_path / "c", main=True) is None
+
+
+def test_read_copies_of_any_size(tmp_path):
+    """A copy that fits the reused buffer comes back as a view of it; a larger one whole, on its own."""
+    path = tmp_path / "c.jpg"
+    data = np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    big, small = np.zeros(8000, np.uint8), np.zeros(1000, np.uint8)
+    got = RestartCache.read(path, big)
+    assert got.tobytes() == data and np.shares_memory(got, big)
+    got = RestartCache.read(path, small)
+    assert got.tobytes() == data and not np.shares_memory(got, small)
+    exact = np.zeros(5000, np.uint8)  # exactly the file's size: read on to the end
+    assert RestartCache.read(path, exact).tobytes() == data
+    assert RestartCache.read(tmp_path / "absent.jpg", big) is None
