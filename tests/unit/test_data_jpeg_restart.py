@@ -180,6 +180,28 @@ def test_other_layouts_are_declined(lib):
     assert not jpeg_roi.decode_region_restarts(copy, np.zeros((151, 204, 3), np.uint8), (0, 0, 9, 9))
 
 
+def test_damaged_copies_never_crash_or_write_outside(lib):
+    """Random byte changes and truncations of a copy (a damaged cache file): a status, never a crash,
+    and never a pixel outside the image's rows in the caller's buffer."""
+    img = _photo(203, 151, seed=11)
+    copy = _copy(lib, _pil_jpeg(img, quality=90))
+    rng = np.random.default_rng(3)
+    outcomes = set()
+    for trial in range(400):
+        data = bytearray(copy)
+        if trial % 4 == 0:
+            data = data[: int(rng.integers(2, len(data)))]
+        for _ in range(int(rng.integers(1, 6))):
+            if len(data) > 2:
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        big = np.zeros((160, 210, 3), np.uint8)
+        x0, y0 = (int(v) for v in rng.integers(0, 150, 2))
+        rect = jpeg_roi.widen((x0, y0, x0 + 40, y0 + 1), 203, 151, jpeg_roi.RESTART_CONTEXT_MARGIN)
+        outcomes.add(jpeg_roi._call_restarts(lib, bytes(data), big[:151, :203], rect))
+        assert not big[151:].any() and not big[:, 203:].any()
+    assert outcomes <= {0, 1, 2} and {1, 2} & outcomes
+
+
 @pytest.mark.parametrize("case", ["grey", "exif6", "other_size", "truncated", "cmyk"])
 def test_files_the_region_path_declines_are_not_copied(lib, case):
     img = _photo(120, 90, seed=6)

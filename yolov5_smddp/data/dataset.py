@@ -390,13 +390,15 @@ class YoloDataset:
                 data = f.read()
         except OSError:
             data = b""
+        if data and cache is not None and copy_path is not None:  # no copy yet (or a damaged one): make it
+            copy = transcode_with_restarts(data, w, h)
+            if copy is None:
+                self._no_copy.add(j)  # a file the copies do not take: regions from the original
+            else:
+                cache.write(copy_path, copy)
+                if cache.enabled and j not in self._no_copy and decode_region_restarts(copy, view, rect):
+                    return view
         if data and decode_region(data, view, rect):
-            if cache is not None and copy_path is not None:  # the image's first region decode: copy it
-                copy = transcode_with_restarts(data, w, h)
-                if copy is None:
-                    self._no_copy.add(j)
-                else:
-                    cache.write(copy_path, copy)
             return view
         self._decode_whole.add(j)  # not a file for this path (or a bad one): decoded whole from now on
         return self.load_image(j)

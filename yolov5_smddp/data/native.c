@@ -302,7 +302,7 @@ static int rst_parse(const unsigned char *d, unsigned long n, struct rst_layout 
             if (len != 4) return 0;
             interval = (unsigned)(d[p + 4] << 8 | d[p + 5]);
         } else if (marker == 0xDA) {
-            if (l->sof == 0 || d[p + 4] != 3) return 0; /* one interleaved scan of the three components */
+            if (l->sof == 0 || len != 12 || d[p + 4] != 3) return 0; /* one scan of the three components */
             l->scan = p + 2 + len;
             break;
         }

@@ -8,8 +8,9 @@ same DCT coefficients, so the same pixels) lets a region decode start at the MCU
 
 Each copy is named by a hash of the image's absolute path, size and modification time (and this
 format's version), so an edited or replaced image gets a new copy and an old one is never read for it.
-Copies are made lazily, the first time a tile of the image is region-decoded (that decode uses the
-original), written to a temporary name and renamed into place (ranks and workers of a node may write
+Copies are made lazily, the first time a tile of the image is region-decoded (from the original's
+bytes, which that decode reads anyway; the tile is then decoded from the new copy), written to a
+temporary name and renamed into place (ranks and workers of a node may write
 the same copy at once; either is the same). A write that fails (disk full, read-only folder) turns the
 copies off for this process with one warning: regions are then decoded from the originals, as before.
 Nothing is ever written under the dataset.
