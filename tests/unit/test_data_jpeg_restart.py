@@ -279,6 +279,19 @@ def test_space_rule():
     assert not enough_space(gib - 1, 0)
 
 
+def test_total_bytes_exact_and_estimated(tmp_path):
+    paths = []
+    for k in range(10):
+        p = tmp_path / f"{k}.jpg"
+        p.write_bytes(b"x" * (100 + k))
+        paths.append(p)
+    exact = sum(100 + k for k in range(10))
+    assert restart_cache.total_bytes(paths) == exact
+    assert restart_cache.total_bytes(paths + [tmp_path / "absent.jpg"]) == exact
+    assert restart_cache.total_bytes(paths, sample=5) == round((100 + 102 + 104 + 106 + 108) * 10 / 5)
+    assert restart_cache.total_bytes([]) == 0
+
+
 def test_restart_cache_for_checks_the_free_space(tmp_path, monkeypatch):
     img = tmp_path / "a.jpg"
     img.write_bytes(b"x" * 1000)
