@@ -362,7 +362,9 @@ class YoloDataset:
 
     def _tile_image(self, k: int, j: int, geometry: MosaicGeometry) -> np.ndarray:
         """Image j as tile k of the mosaic: the whole resized image (`load_image`), or, where eligible,
-        a buffer of its size in which only the pixels the tile's warp reads are decoded."""
+        a buffer of its size in which only the pixels the tile's warp reads are decoded: from the
+        image's restart-marker copy with a `restart_cache` (made here from the original's bytes when
+        there is none yet), else from the original."""
         if not self.region_eligible(j):
             return self.load_image(j)
         if j in self._undecodable:
