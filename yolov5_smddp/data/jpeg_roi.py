@@ -52,8 +52,9 @@ rows and columns can differ from the full decode, and MCUs holding the rectangle
 keep those outside it (tested at and beside MCU boundaries in tests/unit/test_data_jpeg_restart.py)."""
 _OK = 0
 
-_state: dict[str, object] = {}  # "lib": the checked library, or None when the path is off (per process)
-# "rst": the library when its restart-marker path passed its own check, else None
+# per process: "lib": the checked library, or None when the path is off; "rst": the library when its
+# restart-marker path also passed its own check, else None
+_state: dict[str, object] = {}
 _scratch: dict[str, np.ndarray] = {}  # "buf": the reused scratch buffer for yv5_rst_decode
 
 
@@ -226,8 +227,9 @@ def decode_region_restarts(
     data: bytes | np.ndarray, out: np.ndarray, rect: tuple[int, int, int, int]
 ) -> bool:
     """`decode_region` for a copy made by `transcode_with_restarts` (bytes, or a contiguous uint8 [n]
-    array), entropy-decoding only the MCUs that hold `rect` plus its margin. False when the caller must decode otherwise (the restart path
-    off, a file of another layout, a decoder error or warning)."""
+    array), entropy-decoding only the MCUs that hold `rect` plus its margin. False when the caller
+    must decode otherwise (the restart path off, a file of another layout, a decoder error or
+    warning)."""
     lib = restart_decoder()
     if lib is None:
         return False
