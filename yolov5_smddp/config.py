@@ -370,7 +370,7 @@ class TrainConfig:
     )
     """'on': lossless copies of the training JPEGs with restart markers under --cache-dir (never in the
     dataset: data/restart_cache.py), made the first time a tile of the image is region-decoded, so
-    later region decodes entropy-decode only the MCUs the tile shows (the same pixels). Used only where
+    region decodes entropy-decode only the MCUs a tile shows (the same pixels). Used only where
     region decoding is (mosaic with the release's sampling, no --cache); off by itself, with one log
     line, when the cache folder's disk has less free than 1.2x the training images + 1 GiB. 'off':
     regions are decoded from the original files."""
