@@ -31,6 +31,7 @@ Backend = Literal["auto", "smddp", "nccl", "gloo"]
 CacheMode = Literal["ram", "disk"]  # decoded images in RAM (each rank its shard) or on local disk
 MosaicPartners = Literal["random", "recent"]  # the release's sampling; the opt-in recent-image pool
 ColorAug = Literal["auto", "workers", "device"]  # where HSV jitter and flips run (data/color.py)
+OnOff = Literal["on", "off"]
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 AMP_MODES: tuple[str, ...] = get_args(AmpMode)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -361,6 +362,18 @@ class TrainConfig:
     )
     """where HSV jitter and flips run: 'workers', 'device' (data/color.py: OpenCV's 8-bit arithmetic on the
     batch, same pixels) or 'auto' (device on CUDA, workers on CPU)."""
+    jpeg_restart_cache: OnOff = option(
+        "on",
+        help="'on': lossless copies of the training JPEGs with restart markers under --cache-dir, so a "
+        "mosaic tile's region decode skips the rows and columns it does not show (the same pixels; about "
+        "the images' size on disk, made during the first epoch); 'off': decode regions from the originals",
+    )
+    """'on': lossless copies of the training JPEGs with restart markers under --cache-dir (never in the
+    dataset: data/restart_cache.py), made the first time a tile of the image is region-decoded, so
+    region decodes entropy-decode only the MCUs a tile shows (the same pixels). Used only where
+    region decoding is (mosaic with the release's sampling, no --cache); off by itself, with one log
+    line, when the cache folder's disk has less free than 1.2x the training images + 1 GiB. 'off':
+    regions are decoded from the original files."""
     max_image_pixels: int = option(
         DEFAULT_MAX_PIXELS,
         help=f"skip images whose header claims more pixels (default {DEFAULT_MAX_PIXELS:,} = 2^27: a decoded "

@@ -38,6 +38,7 @@ from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.budget import TimeBudget, counting_clock
 from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
+from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.engine import (
     NOMINAL_BATCH,
@@ -266,6 +267,20 @@ def disk_caches(
     return train, val if len(caches) > 1 else None
 
 
+def restart_cache(
+    config: TrainConfig, bundle: DataBundle, cache_dir: Path, *, main: bool
+) -> RestartCache | None:
+    """With `--jpeg-restart-cache on` where tiles are region-decoded (mosaic with the release's sampling,
+    no --cache): the restart-marker copies' cache under cache_dir, when its disk has room for them
+    (data.restart_cache); else None. The main rank logs which."""
+    if config.jpeg_restart_cache != "on" or config.cache is not None or config.mosaic_partners != "random":
+        return None
+    cache, line = restart_cache_for(cache_dir, list(bundle.train_index.images))
+    if main:
+        log.info("%s", line)
+    return cache
+
+
 def build_loaders(
     config: TrainConfig,
     bundle: DataBundle,
@@ -304,6 +319,7 @@ def build_loaders(
         seed=config.seed,
         color_on_device=color_on_device,
         disk_cache=train_pixels,
+        restart_cache=restart_cache(config, bundle, cache_dir, main=info.rank == 0),
     )
     train_loader = build_dataloader(
         train_set,

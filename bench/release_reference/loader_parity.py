@@ -1,5 +1,6 @@
 """Mosaic training samples from one process: the release's dataset against ours with the release's
-sampling (the default), ours with HSV and flips left to the device batch (`--color-aug device`, the
+sampling (the default: region decodes from restart-marker copies of the JPEGs, `--jpeg-restart-cache`,
+made in a temporary folder before timing; and the same without the copies), ours with HSV and flips left to the device batch (`--color-aug device`, the
 default on CUDA), ours with the opt-in recent-image pool, and both with the RAM cache and with the disk
 cache (filled before timing); same JPEGs, same augmentation settings (scratch-low), same shuffled order,
 interleaved rounds so that a shared machine's load hits every row alike. Reports samples/s (wall) and CPU
@@ -84,7 +85,7 @@ def main() -> int:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp import hostmem
-    from yolov5_smddp.bench.data import resolve_data
+    from yolov5_smddp.bench.data import resolve_data, warm_restart_copies
     from yolov5_smddp.data import augment
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
@@ -92,6 +93,7 @@ def main() -> int:
     from yolov5_smddp.data.labels import build_label_index
     from yolov5_smddp.data.native import library_path
     from yolov5_smddp.data.pixelcache import DiskPixelCache
+    from yolov5_smddp.data.restart_cache import RestartCache
 
     hostmem.tune_malloc()  # as our CLI does; the release shares the process, so it gets it too
     cv2.setNumThreads(1)
@@ -119,16 +121,20 @@ def main() -> int:
 
             return before
 
+        copies = RestartCache(Path(tmp) / "restart")  # the trainer's is under its cache folder
+        default = YoloDataset(index, args.imgsz, augment=True, hyp=hyp, restart_cache=copies)
+        warm_restart_copies(default)  # what the first epoch does
         datasets = {
             "release": LoadImagesAndLabels(
                 train_dir, img_size=args.imgsz, batch_size=16, augment=True, hyp=hyp
             ),
-            "ours, release sampling (default)": YoloDataset(index, args.imgsz, augment=True, hyp=hyp),
+            "ours, release sampling (default)": default,
+            "ours, --jpeg-restart-cache off": YoloDataset(index, args.imgsz, augment=True, hyp=hyp),
             "ours before issue 25 (whole decodes, cv2.LUT)": YoloDataset(
                 index, args.imgsz, augment=True, hyp=hyp, region_decode=False
             ),
             "ours, release sampling, colour on device": YoloDataset(
-                index, args.imgsz, augment=True, hyp=hyp, color_on_device=True
+                index, args.imgsz, augment=True, hyp=hyp, color_on_device=True, restart_cache=copies
             ),
             "ours, --mosaic-partners recent": YoloDataset(
                 index, args.imgsz, augment=True, hyp=hyp, mosaic_partners="recent"

@@ -60,6 +60,10 @@ def test_bench_data_tiny_run(tmp_path, capsys, monkeypatch):
         "cache_load_pairs_per_s",
         "mosaic_samples_per_s_1proc_recent",
         "mosaic_samples_per_s_1proc_random",
+        "mosaic_samples_per_s_1proc_random_no_restart",
+        "mosaic_samples_1proc_random_cpu_ms",
+        "mosaic_samples_1proc_random_no_restart_cpu_ms",
+        "release_mosaic_samples_1proc_cpu_ms",
         "mosaic_samples_per_s_0workers",
     ):
         assert results[key] > 0

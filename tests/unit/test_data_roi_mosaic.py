@@ -169,3 +169,28 @@ def test_region_decoding_is_used_only_where_it_can_be_exact(index, tmp_path):
     assert resized.region_decode and not resized.region_eligible(0)
     if region_decoder() is not None:
         assert on.region_eligible(0)
+
+
+def test_the_per_image_table_is_the_per_image_rule(index):
+    """`region_files` (computed once per dataset) says what the per-tile rule said: a JPEG kept at its
+    stored size by `resized_hw`, decoded with IMREAD_COLOR (no DCT scaling)."""
+    import cv2
+
+    from yolov5_smddp.data.dataset import region_files, resized_hw
+
+    rng = np.random.default_rng(0)
+    shapes = np.concatenate(
+        [rng.integers(1, 1400, (400, 2)), [[160, 160], [160, 90], [90, 160], [159, 160], [161, 10], [320, 5]]]
+    ).astype(np.int32)
+    names = [f"{k}.{['jpg', 'JPEG', 'png', 'jpeg'][k % 4]}" for k in range(len(shapes))]
+    images = [index.images[0].parent / n for n in names]
+    ds = YoloDataset(index, 160, augment=True, hyp={})
+    expected = []
+    for p, shape in zip(images, shapes):
+        ds.images[0], ds.shapes[0] = p, shape
+        kept = resized_hw(shape, 160) == (int(shape[0]), int(shape[1]))
+        jpeg = p.suffix.lower() in (".jpg", ".jpeg")
+        expected.append(jpeg and kept and ds.decode_flag(0) == cv2.IMREAD_COLOR)
+    got = region_files(images, shapes, 160)
+    bad = [(n, s) for n, s, a, b in zip(names, shapes.tolist(), got.tolist(), expected) if a != b]
+    assert not bad and 2 < sum(expected) < len(expected), bad

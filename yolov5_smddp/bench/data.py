@@ -11,7 +11,12 @@ exceed — with each pipeline's fraction of it (`*_of_ceiling`; the recent pool 
 sample, so it can exceed 1). The default decodes only the region of each image its tile shows
 (`data.jpeg_roi`) where it can: its own ceiling is `region_decode_ceiling_*` (the default's plans and
 geometry, the region decodes and file reads only; `*_of_region_ceiling`), and the same pipeline with
-whole decodes (as before issue 25) is the `*_random_whole` row. When the release's package (`yolov5`, only in the throwaway image of
+whole decodes (as before issue 25) is the `*_random_whole` row. The default's region decodes read
+restart-marker copies of the JPEGs (`data.restart_cache`, in a temporary folder here, made before the
+timed rounds: `jpeg_restart_transcode_ms_per_image` is that one-time cost, CPU time per image, and
+`jpeg_restart_copy_bytes_of_originals` their size); the same pipeline decoding regions from the
+original files is the `*_random_no_restart` row. Every 1-process row also has its CPU time per
+sample or image (`*_cpu_ms`, this process's CPU time: on a shared machine steadier than the rate). When the release's package (`yolov5`, only in the throwaway image of
 bench/release_reference/) is importable and the data is synthetic, the release's `LoadImagesAndLabels`
 (scratch-low) is measured the same way (`release_mosaic_*` rows). All take turns in short rounds
 (`--rounds`) so load changes hit them alike; overall and best-round rates are reported. The scan row
@@ -58,24 +63,52 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def interleaved_rates(tasks: dict[str, object], iters: int, rounds: int) -> dict[str, tuple[float, float]]:
+def interleaved_rates(
+    tasks: dict[str, object], iters: int, rounds: int, cpu_ms: dict[str, float] | None = None
+) -> dict[str, tuple[float, float]]:
     """Per task (overall items/s, best round's items/s), the tasks taking turns in `rounds` rounds of
     iters / rounds items each, so that a shared machine's changing load hits all of them alike.
+    `cpu_ms`, when given, receives each task's CPU time per item in milliseconds (this process's).
 
     A task is a callable `step(k)` doing the k-th item of its stream.
     """
     per_round = max(iters // rounds, 1)
     totals = {name: 0.0 for name in tasks}
+    cpu = {name: 0.0 for name in tasks}
     best = {name: 0.0 for name in tasks}
     for r in range(rounds):
         for name, step in tasks.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for k in range(r * per_round, (r + 1) * per_round):
                 step(k)
             elapsed = time.perf_counter() - start
+            cpu[name] += time.process_time() - start_cpu
             totals[name] += elapsed
             best[name] = max(best[name], per_round / elapsed)
+    if cpu_ms is not None:
+        cpu_ms.update({name: 1e3 * cpu[name] / (per_round * rounds) for name in tasks})
     return {name: (per_round * rounds / totals[name], best[name]) for name in tasks}
+
+
+def warm_restart_copies(dataset) -> tuple[float, int, int, int]:
+    """Make the restart-marker copies of `dataset`'s region-decodable images now (what the first epoch
+    does lazily): (CPU seconds of the transcodes, copies made, bytes of their originals, their bytes)."""
+    from yolov5_smddp.data.jpeg_roi import transcode_with_restarts
+
+    cpu, made, original, copied = 0.0, 0, 0, 0
+    for j, path in enumerate(dataset.images):
+        copy_path = dataset.restart_cache.copy_path(path)
+        if copy_path is None or not dataset.region_eligible(j):
+            continue
+        data = path.read_bytes()
+        h, w = dataset.resized_hw(j)
+        start = time.process_time()
+        copy = transcode_with_restarts(data, w, h)
+        cpu += time.process_time() - start
+        if copy is not None:
+            dataset.restart_cache.write(copy_path, copy)
+            made, original, copied = made + 1, original + len(data), copied + len(copy)
+    return cpu, made, original, copied
 
 
 def _sample_stream(dataset, seed: int = 0):
@@ -117,10 +150,11 @@ def _region_ceiling_stream(dataset, seed: int = 0):
 
     from yolov5_smddp.data.augment import draw_mosaic_geometry, tile_source_rect
     from yolov5_smddp.data.decode import decode_image
-    from yolov5_smddp.data.jpeg_roi import decode_region
+    from yolov5_smddp.data.jpeg_roi import decode_region, decode_region_restarts
 
     order = np.random.default_rng(seed).permutation(len(dataset))
     buffer = np.empty((dataset.img_size, dataset.img_size, 3), np.uint8)
+    file_buffer = np.empty(1 << 20, np.uint8)
 
     def step(k: int) -> None:
         plan = dataset.mosaic_plan(int(order[k % len(order)]))
@@ -131,7 +165,14 @@ def _region_ceiling_stream(dataset, seed: int = 0):
                 continue
             h, w = dataset.resized_hw(j)
             rect = tile_source_rect(t, (h, w), geometry)
-            if rect is not None:
+            if rect is None:
+                continue
+            cache = dataset.restart_cache
+            copy_path = None if cache is None else cache.copy_path(dataset.images[j])
+            copy = None if copy_path is None else cache.read(copy_path, file_buffer)
+            if copy is not None:
+                decode_region_restarts(copy, buffer[:h, :w], rect)
+            else:
                 with open(dataset.images[j], "rb") as f:
                     decode_region(f.read(), buffer[:h, :w], rect)
 
@@ -215,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.restart_cache import RestartCache
 
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
         workdir = Path(tmp)
@@ -235,16 +277,21 @@ def run(args: argparse.Namespace) -> int:
         # the release writes its label cache beside the labels: only in our throwaway synthetic folder
         release = release_dataset(index.images[0].parent, args.imgsz) if args.data == "synthetic" else None
         cv2.setNumThreads(1)
-        default = YoloDataset(index, args.imgsz, augment=True, hyp={})
+        copies = RestartCache(workdir / "restart")  # the trainer's is under its cache folder
+        default = YoloDataset(index, args.imgsz, augment=True, hyp={}, restart_cache=copies)
+        transcode_s, copied_images, original_bytes, copy_bytes = warm_restart_copies(default)
         tasks = {
             "jpeg_decode_images_per_s_1proc": _decode_stream(index.images),
             "decode_ceiling_samples_per_s_1proc": _ceiling_stream(
                 YoloDataset(index, args.imgsz, augment=True, hyp={})
             ),
             "region_decode_ceiling_samples_per_s_1proc": _region_ceiling_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={})
+                YoloDataset(index, args.imgsz, augment=True, hyp={}, restart_cache=copies)
             ),
             "mosaic_samples_per_s_1proc_random": _sample_stream(default),
+            "mosaic_samples_per_s_1proc_random_no_restart": _sample_stream(
+                YoloDataset(index, args.imgsz, augment=True, hyp={})
+            ),
             "mosaic_samples_per_s_1proc_random_whole": _sample_stream(
                 YoloDataset(index, args.imgsz, augment=True, hyp={}, region_decode=False)
             ),
@@ -254,12 +301,18 @@ def run(args: argparse.Namespace) -> int:
         }
         if release is not None:
             tasks["release_mosaic_samples_per_s_1proc"] = _sample_stream(release)
-        rows = {}
-        for name, (overall, best) in interleaved_rates(tasks, args.iters, args.rounds).items():
+        rows: dict[str, float] = {}
+        if copied_images:
+            rows["jpeg_restart_transcode_ms_per_image"] = 1e3 * transcode_s / copied_images
+            rows["jpeg_restart_copy_bytes_of_originals"] = copy_bytes / original_bytes
+        cpu_ms: dict[str, float] = {}
+        for name, (overall, best) in interleaved_rates(tasks, args.iters, args.rounds, cpu_ms).items():
             rows[name], rows[f"{name}_best_round"] = overall, best
+            rows[f"{name.replace('_per_s', '')}_cpu_ms"] = cpu_ms[name]
         ceiling = rows["decode_ceiling_samples_per_s_1proc"]
         for name in (
             "mosaic_samples_per_s_1proc_random",
+            "mosaic_samples_per_s_1proc_random_no_restart",
             "mosaic_samples_per_s_1proc_random_whole",
             "mosaic_samples_per_s_1proc_recent",
         ):
@@ -271,6 +324,10 @@ def run(args: argparse.Namespace) -> int:
             rows["release_mosaic_1proc_of_ceiling"] = rows["release_mosaic_samples_per_s_1proc"] / ceiling
             rows["ours_random_vs_release"] = (
                 rows["mosaic_samples_per_s_1proc_random"] / rows["release_mosaic_samples_per_s_1proc"]
+            )
+            rows["ours_random_no_restart_vs_release"] = (
+                rows["mosaic_samples_per_s_1proc_random_no_restart"]
+                / rows["release_mosaic_samples_per_s_1proc"]
             )
             rows["ours_random_whole_vs_release"] = (
                 rows["mosaic_samples_per_s_1proc_random_whole"] / rows["release_mosaic_samples_per_s_1proc"]
@@ -295,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     }
     print(f"{'measurement':<50}{'value':>12}")
     for key, value in results.items():
-        ratio = key.endswith(("_of_ceiling", "_of_region_ceiling", "_vs_release"))
+        ratio = key.endswith(("_of_ceiling", "_of_region_ceiling", "_vs_release", "_of_originals"))
         shown = f"{value:.2f}" if ratio else f"{value:,.1f}" if isinstance(value, float) else str(value)
         print(f"{key:<50}{shown:>12}")
     if args.json is not None:

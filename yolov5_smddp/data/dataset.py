@@ -67,9 +67,15 @@ from yolov5_smddp.data.augment import (
 )
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.index import LabelIndex
-from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
+from yolov5_smddp.data.jpeg_roi import (
+    decode_region,
+    decode_region_restarts,
+    region_decoder,
+    transcode_with_restarts,
+)
 from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
+from yolov5_smddp.data.restart_cache import RestartCache
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -130,6 +136,14 @@ def resized_hw(shape_hw, img_size: int) -> tuple[int, int]:
     return max(round(h0 * r), 1), max(round(w0 * r), 1)
 
 
+def region_files(images: list[Path], shapes_hw: np.ndarray, img_size: int) -> np.ndarray:
+    """bool [N]: which images a mosaic tile may decode in part (`YoloDataset.region_eligible`): JPEGs
+    whose long side is img_size, i.e. decoded at their stored size (`resized_hw` keeps them, and
+    `decode_flag` is IMREAD_COLOR: no DCT scaling below twice the size)."""
+    jpeg = np.fromiter((p.suffix.lower() in (".jpg", ".jpeg") for p in images), bool, len(images))
+    return jpeg & (np.asarray(shapes_hw).reshape(-1, 2).max(axis=1) == img_size)
+
+
 def _with_crowd(labels: np.ndarray, crowd: np.ndarray) -> np.ndarray:
     """Validation labels with the image's crowd regions appended, marked by class -1 - cls (< 0)."""
     if not len(crowd):
@@ -160,6 +174,7 @@ class YoloDataset:
         color_on_device: bool = False,
         disk_cache: DiskPixelCache | None = None,
         region_decode: bool = True,
+        restart_cache: RestartCache | None = None,
     ) -> None:
         if cache_images not in CACHE_MODES:
             raise DataError(f"cache_images must be one of {CACHE_MODES}, got {cache_images!r}")
@@ -204,6 +219,11 @@ class YoloDataset:
             and mosaic_partners == "random"
         )
         self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
+        self._region_files: np.ndarray | None = None  # `region_files` of this dataset, made on first use
+        # restart-marker copies of the tiles' JPEGs (data.restart_cache), where region decoding applies
+        self.restart_cache = restart_cache if self.region_decode else None
+        self._no_copy: set[int] = set()  # indices whose copy cannot be made or used (this process)
+        self._copy_buffer: np.ndarray | None = None  # copies are read into it (1 MiB; larger ones: their own)
         self._tile_buffer: np.ndarray | None = None  # reused for every region-decoded tile
         self.undecodable_samples = multiprocessing.Value("q", 0)  # shared with the loader's workers
 
@@ -331,18 +351,20 @@ class YoloDataset:
     def region_eligible(self, j: int) -> bool:
         """Whether tile image j may be decoded in part: a JPEG at its stored size (no DCT scaling, no
         resize), not declined before, region decoding on and its library checked in this process."""
+        if self._region_files is None:  # per image, once: the per-tile check is then a lookup
+            self._region_files = region_files(self.images, self.shapes, self.img_size)
         return (
             self.region_decode
+            and bool(self._region_files[j])
             and j not in self._decode_whole
-            and self.images[j].suffix.lower() in (".jpg", ".jpeg")
-            and self.resized_hw(j) == (int(self.shapes[j][0]), int(self.shapes[j][1]))
-            and self.decode_flag(j) == cv2.IMREAD_COLOR
             and region_decoder() is not None
         )
 
     def _tile_image(self, k: int, j: int, geometry: MosaicGeometry) -> np.ndarray:
         """Image j as tile k of the mosaic: the whole resized image (`load_image`), or, where eligible,
-        a buffer of its size in which only the pixels the tile's warp reads are decoded."""
+        a buffer of its size in which only the pixels the tile's warp reads are decoded: from the
+        image's restart-marker copy with a `restart_cache` (made here from the original's bytes when
+        there is none yet), else from the original."""
         if not self.region_eligible(j):
             return self.load_image(j)
         if j in self._undecodable:
@@ -354,11 +376,30 @@ class YoloDataset:
         rect = tile_source_rect(k, (h, w), geometry)
         if rect is None:
             return view  # the tile does not show: none of its pixels are read
+        cache, copy_path = self.restart_cache, None
+        if cache is not None and j not in self._no_copy:
+            copy_path = cache.copy_path(self.images[j])
+            if self._copy_buffer is None:
+                self._copy_buffer = np.empty(1 << 20, np.uint8)
+            copy = None if copy_path is None else cache.read(copy_path, self._copy_buffer)
+            if copy is not None:
+                if decode_region_restarts(copy, view, rect):
+                    return view
+                # a copy that does not decode (damaged?): replaced below, not used again by this process
+                self._no_copy.add(j)
         try:
             with open(self.images[j], "rb") as f:
                 data = f.read()
         except OSError:
             data = b""
+        if data and cache is not None and copy_path is not None:  # no copy yet (or a damaged one): make it
+            copy = transcode_with_restarts(data, w, h)
+            if copy is None:
+                self._no_copy.add(j)  # a file the copies do not take: regions from the original
+            else:
+                cache.write(copy_path, copy)
+                if cache.enabled and j not in self._no_copy and decode_region_restarts(copy, view, rect):
+                    return view
         if data and decode_region(data, view, rect):
             return view
         self._decode_whole.add(j)  # not a file for this path (or a bad one): decoded whole from now on

@@ -20,6 +20,14 @@ caller decodes whole images with OpenCV, as before. Files it does not handle —
 YCbCr (greyscale, CMYK, 12-bit), an Exif orientation other than 1 (OpenCV rotates those), a size other
 than the index's — and any libjpeg error or warning are answered "fall back" (`decode_region` returns
 None), never with pixels.
+
+Restart-marker copies (issue 25): `jpeg_skip_scanlines` still entropy-decodes every row it skips, and
+the top tiles of a mosaic show the bottom of their images. `transcode_with_restarts` makes a lossless
+copy of a file this path accepts (the same DCT coefficients and quantisation tables, so the same pixels,
+tests/unit/test_data_jpeg_restart.py) with a restart marker after every MCU;
+`decode_region_restarts` then decodes a rectangle of such a copy from just the restart segments of
+its MCUs (a JPEG of those segments is built in a reused scratch buffer), with a margin of one pixel
+(`RESTART_CONTEXT_MARGIN`). Where the copies live is `data.restart_cache`'s business.
 """
 
 from __future__ import annotations
@@ -36,9 +44,18 @@ log = logging.getLogger(__name__)
 CONTEXT_MARGIN = 16
 """Pixels added on each side of a wanted rectangle before decoding: one iMCU of the largest common
 sampling (16 px for 4:2:0), so the upsampling context at the region's edges is the full decode's."""
+RESTART_CONTEXT_MARGIN = 1
+"""The same for `decode_region_restarts`, which decodes a JPEG of the whole MCUs holding the rectangle
+(no column cropping, no rows skipped across MCUs): libjpeg's fancy upsampling reads one chroma sample
+either side of a pixel and replicates at the image's edges, so in such a JPEG only its first and last
+rows and columns can differ from the full decode, and MCUs holding the rectangle widened by one pixel
+keep those outside it (tested at and beside MCU boundaries in tests/unit/test_data_jpeg_restart.py)."""
 _OK = 0
 
-_state: dict[str, object] = {}  # "lib": the checked library, or None when the path is off (per process)
+# per process: "lib": the checked library, or None when the path is off; "rst": the library when its
+# restart-marker path also passed its own check, else None
+_state: dict[str, object] = {}
+_scratch: dict[str, np.ndarray] = {}  # "buf": the reused scratch buffer for yv5_rst_decode
 
 
 def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> int:
@@ -51,15 +68,52 @@ def _call(lib: ctypes.CDLL, data: bytes, out: np.ndarray, rect: tuple[int, int, 
     return lib.yv5_roi_decode(data, len(data), w, h, box, out.ctypes.data, out.strides[0])
 
 
-def widen(rect: tuple[int, int, int, int], w: int, h: int) -> tuple[int, int, int, int]:
-    """`rect` with `CONTEXT_MARGIN` pixels more on each side, clipped to a w x h image."""
+def widen(
+    rect: tuple[int, int, int, int], w: int, h: int, m: int = CONTEXT_MARGIN
+) -> tuple[int, int, int, int]:
+    """`rect` with `m` pixels more on each side, clipped to a w x h image."""
     x0, y0, x1, y1 = rect
-    m = CONTEXT_MARGIN
     return max(x0 - m, 0), max(y0 - m, 0), min(x1 + m, w), min(y1 + m, h)
 
 
-def _self_check(lib) -> str | None:
-    """None when regions decoded by `lib` equal OpenCV's full decode on embedded test images, else why not."""
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]  # cheaper than a.ctypes.data, which builds an object
+
+
+def _call_restarts(
+    lib: ctypes.CDLL, data: bytes | np.ndarray, out: np.ndarray, rect: tuple[int, int, int, int]
+) -> int:
+    h, w = out.shape[:2]
+    if out.dtype != np.uint8 or out.ndim != 3 or out.shape[2] != 3 or out.strides[1:] != (3, 1):
+        raise ValueError(
+            f"out must be a uint8 [h, w, 3] array with packed pixels, got {out.dtype} {out.strides}"
+        )
+    if not isinstance(data, np.ndarray):
+        data = np.frombuffer(data, np.uint8)
+    if data.dtype != np.uint8 or data.ndim != 1 or not data.flags.c_contiguous:
+        raise ValueError(f"data must be bytes or a contiguous uint8 [n] array, got {data.dtype} {data.shape}")
+    scratch = _scratch.get("buf")
+    if scratch is None or scratch.size < data.size + 2:
+        scratch = _scratch["buf"] = np.empty(max(2 * (data.size + 2), 1 << 16), np.uint8)  # grows rarely
+    box = (ctypes.c_int * 4)(*rect)
+    return lib.yv5_rst_decode(
+        _address(data), data.size, w, h, box, _address(out), out.strides[0], _address(scratch), scratch.size
+    )
+
+
+def _transcode(lib: ctypes.CDLL, data: bytes, w: int, h: int) -> bytes | None:
+    result, size = ctypes.c_void_p(), ctypes.c_ulong()
+    code = lib.yv5_rst_transcode(data, len(data), w, h, ctypes.byref(result), ctypes.byref(size))
+    if code != _OK or not result.value:
+        return None
+    try:
+        return ctypes.string_at(result.value, size.value)
+    finally:
+        lib.yv5_free(result)
+
+
+def _check_images() -> list[tuple[bytes, np.ndarray]]:
+    """The self-checks' embedded images: (a 203x151 JPEG at 4:2:0 and at 4:2:2, OpenCV's full decode)."""
     import cv2
 
     rng = np.random.default_rng(0)
@@ -67,13 +121,19 @@ def _self_check(lib) -> str | None:
         rng.integers(0, 256, (13, 17, 3), dtype=np.uint8), (203, 151), interpolation=cv2.INTER_CUBIC
     )
     base = cv2.add(base, rng.integers(0, 24, base.shape, dtype=np.uint8))
+    images = []
     for sampling in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422):
         params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, sampling]
         ok, enc = cv2.imencode(".jpg", base, params)
         if not ok:
-            return "OpenCV cannot encode the test image"
-        data = enc.tobytes()
-        full = cv2.imdecode(enc, cv2.IMREAD_COLOR)
+            raise RuntimeError("OpenCV cannot encode the test image")
+        images.append((enc.tobytes(), cv2.imdecode(enc, cv2.IMREAD_COLOR)))
+    return images
+
+
+def _self_check(lib) -> str | None:
+    """None when regions decoded by `lib` equal OpenCV's full decode on embedded test images, else why not."""
+    for data, full in _check_images():
         for rect in ((37, 45, 101, 99), (0, 0, 60, 30), (150, 120, 203, 151), (5, 70, 203, 90)):
             out = np.zeros_like(full)
             code = _call(lib, data, out, widen(rect, 203, 151))
@@ -81,7 +141,26 @@ def _self_check(lib) -> str | None:
             if code != _OK:
                 return f"status {code} on a plain JPEG"
             if not np.array_equal(out[y0:y1, x0:x1], full[y0:y1, x0:x1]):
-                return f"region {rect} differs from OpenCV's decode (sampling {sampling})"
+                return f"region {rect} differs from OpenCV's decode"
+    return None
+
+
+def _self_check_restarts(lib) -> str | None:
+    """None when regions of restart-marker copies of the embedded test images decoded by `lib` equal
+    OpenCV's full decode of the originals, else why not."""
+    for data, full in _check_images():
+        h, w = full.shape[:2]
+        copy = _transcode(lib, data, w, h)
+        if copy is None:
+            return "the copy with restart markers could not be written"
+        for rect in ((37, 45, 101, 99), (0, 0, 60, 30), (150, 120, 203, 151), (5, 70, 203, 90), (0, 0, w, h)):
+            out = np.zeros_like(full)
+            code = _call_restarts(lib, copy, out, widen(rect, w, h, RESTART_CONTEXT_MARGIN))
+            x0, y0, x1, y1 = rect
+            if code != _OK:
+                return f"status {code} on a copy with restart markers"
+            if not np.array_equal(out[y0:y1, x0:x1], full[y0:y1, x0:x1]):
+                return f"region {rect} of the copy with restart markers differs from OpenCV's decode"
     return None
 
 
@@ -113,3 +192,46 @@ def decode_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int])
         return False
     h, w = out.shape[:2]
     return _call(lib, data, out, widen(rect, w, h)) == _OK
+
+
+def restart_decoder() -> ctypes.CDLL | None:
+    """The checked library when its restart-marker path (transcode, then region decodes of the copy)
+    also passed a check against OpenCV in this process; None (said once) otherwise."""
+    if "rst" in _state:
+        return _state["rst"]  # type: ignore[return-value]
+    lib = region_decoder()
+    if lib is not None:
+        try:
+            problem = _self_check_restarts(lib)
+        except Exception as exc:  # a library that crashes: off
+            problem = f"self-check failed: {type(exc).__name__}: {exc}"
+        if problem is not None:
+            lib = None
+            log.info(
+                "JPEG restart-marker copies off (%s): regions are decoded from the original files", problem
+            )
+    _state["rst"] = lib
+    return lib
+
+
+def transcode_with_restarts(data: bytes, w: int, h: int) -> bytes | None:
+    """A lossless copy of JPEG `data` (w x h) with a restart marker after every MCU: the same DCT
+    coefficients and quantisation tables, so a decoder gives the same pixels; None when the restart
+    path is off or the file is not one `decode_region` takes (or a progressive file with coefficient
+    bits never sent)."""
+    lib = restart_decoder()
+    return None if lib is None else _transcode(lib, data, w, h)
+
+
+def decode_region_restarts(
+    data: bytes | np.ndarray, out: np.ndarray, rect: tuple[int, int, int, int]
+) -> bool:
+    """`decode_region` for a copy made by `transcode_with_restarts` (bytes, or a contiguous uint8 [n]
+    array), entropy-decoding only the MCUs that hold `rect` plus its margin. False when the caller
+    must decode otherwise (the restart path off, a file of another layout, a decoder error or
+    warning)."""
+    lib = restart_decoder()
+    if lib is None:
+        return False
+    h, w = out.shape[:2]
+    return _call_restarts(lib, data, out, widen(rect, w, h, RESTART_CONTEXT_MARGIN)) == _OK

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LIBRARY = Path("/opt/yolov5-smddp/lib/libyolov5_smddp_native.so")
 LIBRARY_ENV = "YOLOV5_SMDDP_NATIVE_LIB"
-ABI = 2
+ABI = 3
 
 _loaded: dict[str, object] = {}  # "lib": the library or None, "why": the reason it is None
 
@@ -40,6 +40,28 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         c_void_p,
         c_long,
     ]
+    lib.yv5_rst_transcode.restype = c_int
+    lib.yv5_rst_transcode.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        c_int,
+        c_int,
+        ctypes.POINTER(c_void_p),
+        ctypes.POINTER(ctypes.c_ulong),
+    ]
+    lib.yv5_rst_decode.restype = c_int
+    lib.yv5_rst_decode.argtypes = [
+        c_void_p,
+        ctypes.c_ulong,
+        c_int,
+        c_int,
+        ctypes.POINTER(c_int),
+        c_void_p,
+        c_long,
+        c_void_p,
+        ctypes.c_ulong,
+    ]
+    lib.yv5_free.restype, lib.yv5_free.argtypes = None, [c_void_p]
     lib.yv5_lut3_flip.restype = c_int
     lib.yv5_lut3_flip.argtypes = [c_void_p, c_long, c_void_p, c_long, c_int, c_int, c_void_p, c_int, c_int]
     return lib
