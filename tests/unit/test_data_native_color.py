@@ -57,3 +57,26 @@ def test_lut3_flip_refuses_overlap_and_bad_tables(lib):
         native.lut3_flip(lib, img, img, table, True, False)
     with pytest.raises(ValueError, match="table"):
         native.lut3_flip(lib, img, np.zeros_like(img), table[::2], True, False)
+
+
+@pytest.mark.parametrize("shape", [(640, 640), (64, 96), (37, 48), (20, 643), (9, 57)])
+def test_left_right_flip_before_hsv_to_rgb_only_where_it_gives_the_same_pixels(lib, monkeypatch, shape):
+    """The left-right flip rides on the table pass where OpenCV's HSV -> RGB treats every pixel of a row
+    alike (widths a multiple of its SIMD block, like 640), else it runs after it: either way the pixels
+    of OpenCV's table, conversion, then flip. Widths with a scalar tail (643, 57) decline the fold."""
+    rng = np.random.default_rng(shape[1])
+    img = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    p = AugmentParams(flipud=0.0, fliplr=1.0)
+    for trial in range(6):
+        color = draw_color_params(p, rng)
+        assert color[3] and color[5] and not color[4]
+        fast = apply_color_hwc(img, color)
+        with monkeypatch.context() as patched:
+            patched.setitem(augment._native_color, "lib", None)  # OpenCV's LUT, conversion, then flip
+            slow = apply_color_hwc(img, color)
+        assert np.array_equal(fast, slow), (shape, trial)
+    commutes = augment.mirror_commutes_with_hsv2rgb(shape)
+    if shape[1] in (640, 96):
+        assert commutes  # the mosaic's widths (multiples of 32) take the fold
+    if shape[1] in (643, 57):
+        assert not commutes

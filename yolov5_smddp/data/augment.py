@@ -373,6 +373,30 @@ def color_lut():
     return _native_color["lib"]
 
 
+_MIRROR_COMMUTES: dict[tuple[int, int], bool] = {}  # (h, w) -> mirror_commutes_with_hsv2rgb (per process)
+_MIRROR_SHAPES_KEPT = 256
+
+
+def mirror_commutes_with_hsv2rgb(shape_hw: tuple[int, int]) -> bool:
+    """Whether OpenCV's 8-bit HSV → RGB of an (h, w) image, mirrored left-right, equals the mirror of its
+    HSV → RGB, i.e. every pixel of a row takes the same code path (no scalar tail: true for widths a
+    multiple of the SIMD block, e.g. 640), so the left-right flip may ride on the table pass before it.
+    Decided by trying it, once per shape and process, on random HSV pixels of that shape (the path
+    depends on the position in a row, not on the values: a tail shows on many of them)."""
+    shape = (int(shape_hw[0]), int(shape_hw[1]))
+    known = _MIRROR_COMMUTES.get(shape)
+    if known is not None:
+        return known
+    rng = np.random.default_rng(shape[0] * 100_003 + shape[1])
+    hsv = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    hsv[..., 0] %= 180  # 8-bit hue is 0..179, as the table makes it
+    mirrored_first = cv2.cvtColor(np.ascontiguousarray(hsv[:, ::-1]), cv2.COLOR_HSV2RGB)
+    same = bool(np.array_equal(mirrored_first, cv2.flip(cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB), 1)))
+    if len(_MIRROR_COMMUTES) < _MIRROR_SHAPES_KEPT:  # rectangular batches bring a few shapes, not many
+        _MIRROR_COMMUTES[shape] = same
+    return same
+
+
 def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
     """BGR uint8 [h, w, 3] → a new RGB uint8 image with `params` (see `draw_color_params`) applied: hue,
     saturation and value scaled through one 3-channel lookup table, then the flips.
@@ -380,9 +404,10 @@ def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
     The colour-order change rides on the HSV → RGB conversion the jitter needs anyway (no extra pass).
     With the native library the table pass is `native.lut3_flip` (0.43 against cv2.LUT's 0.71 ms at
     640 x 640: OpenCV's 3-channel table is a scalar loop), which also does the up-down flip: rows are
-    converted alike, so flipping them before HSV → RGB gives the same pixels. Not the left-right flip:
-    OpenCV's HSV → RGB gives some pixels one level apart in its vector body and its scalar tail, so
-    moving pixels along a row before it would change them (measured on widths not a multiple of 32).
+    converted alike, so flipping them before HSV → RGB gives the same pixels. The left-right flip only
+    where `mirror_commutes_with_hsv2rgb` says so for the image's shape: OpenCV's HSV → RGB gives some
+    pixels one level apart in its vector body and its scalar tail, so moving pixels along a row before
+    it changes them where a row has a tail (widths not a multiple of 32 here); elsewhere cv2.flip after.
     """
     up_down, left_right = bool(params[4]), bool(params[5])
     if params[3]:
@@ -391,8 +416,10 @@ def apply_color_hwc(img: np.ndarray, params: np.ndarray) -> np.ndarray:
         lib = color_lut()
         if lib is not None:
             out = np.empty_like(hsv)
-            native.lut3_flip(lib, hsv, out, lut, flip_lr=False, flip_ud=up_down)
+            fold_lr = left_right and mirror_commutes_with_hsv2rgb(hsv.shape[:2])
+            native.lut3_flip(lib, hsv, out, lut, flip_lr=fold_lr, flip_ud=up_down)
             img, up_down = cv2.cvtColor(out, cv2.COLOR_HSV2RGB, dst=out), False
+            left_right = left_right and not fold_lr
         else:
             img = cv2.cvtColor(cv2.LUT(hsv, lut, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
     else:
