@@ -358,19 +358,13 @@ def _color_check(lib) -> bool:
 def color_lut():
     """The native library for the HSV table fused with the flips, checked against OpenCV once per process;
     None (OpenCV's LUT and flip are used) when it is missing or its pixels differ."""
-    if "lib" not in _native_color:
-        lib = native.library()
-        try:
-            ok = lib is None or _color_check(lib)
-        except Exception:  # a library that misbehaves is not used
-            ok = False
-        if not ok:
-            log.info(
-                "native HSV table off (%s: pixels differ from OpenCV's): using cv2.LUT", native.library_path()
-            )
-            lib = None
-        _native_color["lib"] = lib
-    return _native_color["lib"]
+    return native.checked(
+        _native_color,
+        "lib",
+        lambda lib: None if _color_check(lib) else "its table pass gives other pixels than cv2.LUT",
+        "native HSV table off (%s): using cv2.LUT",
+        log,
+    )
 
 
 _MIRROR_COMMUTES: dict[tuple[int, int], bool] = {}  # (h, w) -> mirror_commutes_with_hsv2rgb (per process)

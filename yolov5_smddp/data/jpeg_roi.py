@@ -167,18 +167,9 @@ def _self_check_restarts(lib) -> str | None:
 def region_decoder() -> ctypes.CDLL | None:
     """The checked library, self-checked on first use in this process; None (said once) when it is
     missing or its pixels are not OpenCV's."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    lib = native.library()
-    try:
-        problem = native.why_not() if lib is None else _self_check(lib)
-    except Exception as exc:  # an OpenCV without a flag the check uses, a library that crashes: off
-        problem = f"self-check failed: {type(exc).__name__}: {exc}"
-    if problem is not None:
-        lib = None
-        log.info("JPEG region decoding off (%s): tiles are decoded whole with OpenCV", problem)
-    _state["lib"] = lib
-    return lib
+    return native.checked(
+        _state, "lib", _self_check, "JPEG region decoding off (%s): tiles are decoded whole with OpenCV", log
+    )
 
 
 def decode_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int]) -> bool:
@@ -197,21 +188,14 @@ def decode_region(data: bytes, out: np.ndarray, rect: tuple[int, int, int, int])
 def restart_decoder() -> ctypes.CDLL | None:
     """The checked library when its restart-marker path (transcode, then region decodes of the copy)
     also passed a check against OpenCV in this process; None (said once) otherwise."""
-    if "rst" in _state:
-        return _state["rst"]  # type: ignore[return-value]
-    lib = region_decoder()
-    if lib is not None:
-        try:
-            problem = _self_check_restarts(lib)
-        except Exception as exc:  # a library that crashes: off
-            problem = f"self-check failed: {type(exc).__name__}: {exc}"
-        if problem is not None:
-            lib = None
-            log.info(
-                "JPEG restart-marker copies off (%s): regions are decoded from the original files", problem
-            )
-    _state["rst"] = lib
-    return lib
+    return native.checked(
+        _state,
+        "rst",
+        _self_check_restarts,
+        "JPEG restart-marker copies off (%s): regions are decoded from the original files",
+        log,
+        base=region_decoder,
+    )
 
 
 def transcode_with_restarts(data: bytes, w: int, h: int) -> bytes | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,36 @@ def why_not() -> str:
     """Why `library()` is None ("" when it loaded)."""
     library()
     return str(_loaded["why"])
+
+
+def checked(
+    state: dict,
+    key: str,
+    check: Callable[[ctypes.CDLL], str | None],
+    off: str,
+    logger: logging.Logger,
+    base: Callable[[], ctypes.CDLL | None] | None = None,
+) -> ctypes.CDLL | None:
+    """The library for one use of it, decided once per process and kept in `state[key]`: `base()` (default:
+    `library()`) when `check(lib)` returns None (its pixels are OpenCV's), else None with one log line,
+    `off` formatted with the reason, on the caller's `logger` (a check that raises is a failed check; no library: `why_not()`;
+    a `base` that gave None has said why itself)."""
+    if key in state:
+        return state[key]
+    lib = (base or library)()
+    if lib is None:
+        problem = why_not() if base is None else None
+    else:
+        try:
+            problem = check(lib)
+        except Exception as exc:  # an OpenCV without a flag a check uses, a library that crashes: off
+            problem = f"self-check failed: {type(exc).__name__}: {exc}"
+        if problem is not None:
+            lib = None
+    if problem:
+        logger.info(off, problem)
+    state[key] = lib
+    return lib
 
 
 def lut3_flip(lib: ctypes.CDLL, src, dst, table, flip_lr: bool, flip_ud: bool) -> None:
