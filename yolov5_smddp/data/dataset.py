@@ -65,7 +65,7 @@ from yolov5_smddp.data.augment import (
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
-from yolov5_smddp.data.decode import ImageProblem, decode_image
+from yolov5_smddp.data.decode import ImageProblem, decode_image, read_bytes
 from yolov5_smddp.data.index import LabelIndex
 from yolov5_smddp.data.jpeg_roi import (
     decode_region,
@@ -388,9 +388,8 @@ class YoloDataset:
                 # a copy that does not decode (damaged?): replaced below, not used again by this process
                 self._no_copy.add(j)
         try:
-            with open(self.images[j], "rb") as f:
-                data = f.read()
-        except OSError:
+            data = read_bytes(self.images[j])
+        except ImageProblem:  # decoded whole below, where the problem is reported
             data = b""
         if data and cache is not None and copy_path is not None:  # no copy yet (or a damaged one): make it
             copy = transcode_with_restarts(data, w, h)

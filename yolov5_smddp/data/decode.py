@@ -33,6 +33,18 @@ def _opencv_reason(exc: cv2.error) -> str:
     return tail if found else text
 
 
+def read_bytes(path: Path | str) -> bytes:
+    """The whole file in one read. Raises ImageProblem when it cannot be read or is empty."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ImageProblem(f"cannot read the file: {exc.strerror or exc}") from None
+    if not data:
+        raise ImageProblem("empty file (0 bytes)")
+    return data
+
+
 def decode_image(path: Path | str, flag: int | None = None) -> np.ndarray:
     """BGR uint8 [h, w, 3] of `path` decoded with the cv2.IMREAD_* `flag` (a colour flag: IMREAD_COLOR,
     the default, or IMREAD_REDUCED_COLOR_*). Raises ImageProblem with the reason when the file cannot be
@@ -41,13 +53,7 @@ def decode_image(path: Path | str, flag: int | None = None) -> np.ndarray:
     import numpy as np
 
     flag = cv2.IMREAD_COLOR if flag is None else flag
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ImageProblem(f"cannot read the file: {exc.strerror or exc}") from None
-    if not data:
-        raise ImageProblem("empty file (0 bytes)")
+    data = read_bytes(path)
     try:
         img = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     except cv2.error as exc:
