@@ -14,6 +14,7 @@ import os
 import cv2
 import numpy as np
 import pytest
+from jpegs import jpeg_variants, photo, pil_jpeg
 from native_part import required
 from PIL import Image
 
@@ -34,37 +35,6 @@ def lib():
 
 def test_the_restart_path_passes_its_self_check(lib):
     assert jpeg_roi.restart_decoder() is lib
-
-
-def _photo(w: int, h: int, seed: int) -> np.ndarray:
-    """Smooth colour fields (chroma that upsampling interpolates) plus noise, BGR."""
-    rng = np.random.default_rng(seed)
-    img = cv2.resize(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8), (w, h), interpolation=cv2.INTER_CUBIC)
-    return cv2.add(img, rng.integers(0, 40, img.shape, dtype=np.uint8))
-
-
-def _pil_jpeg(img_bgr: np.ndarray, **kwargs) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img_bgr[:, :, ::-1]).save(buf, format="JPEG", **kwargs)
-    return buf.getvalue()
-
-
-def _variants() -> dict[str, bytes]:
-    """Originals of every kind the copies are made of: samplings, progressive, odd sizes, writers."""
-    out = {}
-    for w, h in ((640, 480), (203, 151), (157, 117), (33, 17), (16, 16), (8, 40)):
-        img = _photo(w, h, seed=w + h)
-        for sub, name in ((2, "420"), (1, "422"), (0, "444")):
-            out[f"{name}_{w}x{h}"] = _pil_jpeg(img, quality=90, subsampling=sub)
-        out[f"progressive_420_{w}x{h}"] = _pil_jpeg(img, quality=80, subsampling=2, progressive=True)
-        out[f"progressive_444_{w}x{h}"] = _pil_jpeg(img, quality=85, subsampling=0, progressive=True)
-        out[f"opencv_{w}x{h}"] = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
-    img = _photo(203, 151, seed=9)
-    out["restart3_203x151"] = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_RST_INTERVAL, 3])[1].tobytes()
-    exif = Image.Exif()
-    exif[0x0112] = 1
-    out["exif1_203x151"] = _pil_jpeg(img, exif=exif)
-    return out
 
 
 def _decode(data: bytes) -> np.ndarray:
@@ -109,7 +79,7 @@ def _rects(w: int, h: int, rng: np.random.Generator, n_random: int) -> list[tupl
 
 
 def test_the_copy_decodes_to_the_original_pixels(lib):
-    for name, data in _variants().items():
+    for name, data in jpeg_variants().items():
         copy = _copy(lib, data)
         assert copy.count(b"\xff\xdd") >= 1, name  # a DRI segment: restart markers
         assert np.array_equal(_decode(copy), _decode(data)), name
@@ -118,7 +88,7 @@ def test_the_copy_decodes_to_the_original_pixels(lib):
 def test_regions_of_the_copy_equal_the_full_decode(lib):
     rng = np.random.default_rng(1)
     checked = 0
-    for name, data in _variants().items():
+    for name, data in jpeg_variants().items():
         full = _decode(data)
         h, w = full.shape[:2]
         copy = _copy(lib, data)
@@ -133,7 +103,7 @@ def test_regions_of_the_copy_equal_the_full_decode(lib):
 
 
 def test_the_public_functions(lib):
-    data = _pil_jpeg(_photo(203, 151, seed=2), quality=90)
+    data = pil_jpeg(photo(203, 151, seed=2), quality=90)
     full = _decode(data)
     copy = jpeg_roi.transcode_with_restarts(data, 203, 151)
     assert copy is not None and copy.count(b"\xff\xd0") > 1
@@ -143,8 +113,8 @@ def test_the_public_functions(lib):
 
 
 def test_into_a_strided_view_and_only_the_kept_mcus_are_written(lib):
-    img = _photo(640, 480, seed=4)
-    data = _pil_jpeg(img, quality=90)  # 4:2:0: 16 x 16 MCUs
+    img = photo(640, 480, seed=4)
+    data = pil_jpeg(img, quality=90)  # 4:2:0: 16 x 16 MCUs
     full = _decode(data)
     copy = _copy(lib, data)
     big = np.zeros((640, 704, 3), np.uint8)
@@ -163,13 +133,13 @@ def test_into_a_strided_view_and_only_the_kept_mcus_are_written(lib):
 def test_other_layouts_are_declined(lib):
     """An original without restart markers, one with another interval, a progressive file, a damaged
     copy: False (the caller decodes otherwise), never pixels."""
-    img = _photo(203, 151, seed=5)
-    plain = _pil_jpeg(img, quality=90)
+    img = photo(203, 151, seed=5)
+    plain = pil_jpeg(img, quality=90)
     copy = _copy(lib, plain)
     cases = {
         "no restarts": plain,
         "interval 3": cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_RST_INTERVAL, 3])[1].tobytes(),
-        "progressive": _pil_jpeg(img, quality=90, progressive=True),
+        "progressive": pil_jpeg(img, quality=90, progressive=True),
         "truncated copy": copy[: len(copy) // 2],
         "a marker dropped": copy.replace(b"\xff\xd3", b"", 1),
         "not a JPEG": b"\x89PNG" + copy[4:],
@@ -183,8 +153,8 @@ def test_other_layouts_are_declined(lib):
 def test_damaged_copies_never_crash_or_write_outside(lib):
     """Random byte changes and truncations of a copy (a damaged cache file): a status, never a crash,
     and never a pixel outside the image's rows in the caller's buffer."""
-    img = _photo(203, 151, seed=11)
-    copy = _copy(lib, _pil_jpeg(img, quality=90))
+    img = photo(203, 151, seed=11)
+    copy = _copy(lib, pil_jpeg(img, quality=90))
     rng = np.random.default_rng(3)
     outcomes = set()
     for trial in range(400):
@@ -204,7 +174,7 @@ def test_damaged_copies_never_crash_or_write_outside(lib):
 
 @pytest.mark.parametrize("case", ["grey", "exif6", "other_size", "truncated", "cmyk"])
 def test_files_the_region_path_declines_are_not_copied(lib, case):
-    img = _photo(120, 90, seed=6)
+    img = photo(120, 90, seed=6)
     if case == "grey":
         buf = io.BytesIO()
         Image.fromarray(img[:, :, 0]).save(buf, format="JPEG")
@@ -212,11 +182,11 @@ def test_files_the_region_path_declines_are_not_copied(lib, case):
     elif case == "exif6":
         exif = Image.Exif()
         exif[0x0112] = 6
-        data = _pil_jpeg(img, exif=exif)
+        data = pil_jpeg(img, exif=exif)
     elif case == "other_size":
-        data = _pil_jpeg(_photo(121, 90, seed=6))
+        data = pil_jpeg(photo(121, 90, seed=6))
     elif case == "truncated":
-        data = _pil_jpeg(img)[:-600]
+        data = pil_jpeg(img)[:-600]
     else:
         buf = io.BytesIO()
         Image.fromarray(img).convert("CMYK").save(buf, format="JPEG")
@@ -227,7 +197,7 @@ def test_files_the_region_path_declines_are_not_copied(lib, case):
 def test_a_progressive_file_with_coefficient_bits_never_sent_is_not_copied(lib):
     """libjpeg decodes such a file with block smoothing (its estimate of the missing bits), which a
     sequential copy of the same coefficients would not get: declined."""
-    data = _pil_jpeg(_photo(203, 151, seed=8), quality=90, progressive=True)
+    data = pil_jpeg(photo(203, 151, seed=8), quality=90, progressive=True)
     scans = [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xDA]
     assert len(scans) > 3
     partial = data[: scans[2]] + b"\xff\xd9"  # the first two scans (DC, then the first AC band) only
@@ -396,7 +366,7 @@ def test_a_changed_image_gets_a_new_copy(lib, data_root, tmp_path, monkeypatch):
     assert cache.copy_path(image) == old
     # the image is replaced by another picture of the same size; its mtime moves on
     h, w = (int(v) for v in ds.shapes[0])
-    other = cv2.imencode(".jpg", _photo(w, h, seed=7))[1].tobytes()
+    other = cv2.imencode(".jpg", photo(w, h, seed=7))[1].tobytes()
     st = os.stat(image)
     image.write_bytes(other)
     os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))

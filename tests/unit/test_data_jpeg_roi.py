@@ -10,6 +10,7 @@ import io
 import cv2
 import numpy as np
 import pytest
+from jpegs import jpeg_variants, photo, pil_jpeg
 from native_part import required
 from PIL import Image
 
@@ -20,39 +21,6 @@ from yolov5_smddp.data.jpeg_roi import decode_region, region_decoder
 @pytest.fixture(scope="module")
 def lib():
     return required(region_decoder())
-
-
-def _photo(w: int, h: int, seed: int) -> np.ndarray:
-    """A photo-like BGR image: smooth colour fields (chroma that upsampling interpolates) plus noise."""
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
-    img = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
-    return cv2.add(img, rng.integers(0, 40, img.shape, dtype=np.uint8))
-
-
-def _pil_jpeg(img_bgr: np.ndarray, **kwargs) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img_bgr[:, :, ::-1]).save(buf, format="JPEG", **kwargs)
-    return buf.getvalue()
-
-
-def _variants() -> dict[str, bytes]:
-    """JPEGs of every kind the region path accepts, odd and MCU-aligned sizes."""
-    out = {}
-    for w, h in ((640, 480), (203, 151), (157, 117), (33, 17), (16, 16)):
-        img = _photo(w, h, seed=w)
-        for sub, name in ((2, "420"), (1, "422"), (0, "444")):
-            out[f"{name}_{w}x{h}"] = _pil_jpeg(img, quality=90, subsampling=sub)
-        out[f"progressive_420_{w}x{h}"] = _pil_jpeg(img, quality=80, subsampling=2, progressive=True)
-        ok, enc = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
-        out[f"opencv_{w}x{h}"] = enc.tobytes()
-    img = _photo(203, 151, seed=9)
-    ok, enc = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_RST_INTERVAL, 3])  # restart markers
-    out["restart_203x151"] = enc.tobytes()
-    exif = Image.Exif()
-    exif[0x0112] = 1  # upright: OpenCV does not turn it, so the region path may take it
-    out["exif1_203x151"] = _pil_jpeg(img, exif=exif)
-    return out
 
 
 def _rects(w: int, h: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
@@ -80,7 +48,7 @@ def _rects(w: int, h: int, rng: np.random.Generator) -> list[tuple[int, int, int
 def test_region_pixels_equal_the_full_decode(lib):
     rng = np.random.default_rng(0)
     checked = 0
-    for name, data in _variants().items():
+    for name, data in jpeg_variants().items():
         full = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         h, w = full.shape[:2]
         for rect in _rects(w, h, rng):
@@ -94,8 +62,8 @@ def test_region_pixels_equal_the_full_decode(lib):
 
 def test_region_into_a_view_of_a_larger_buffer(lib):
     """The dataset decodes into a [:h, :w] view of one square buffer (row stride wider than the image)."""
-    img = _photo(203, 151, seed=3)
-    data = _pil_jpeg(img, quality=90)
+    img = photo(203, 151, seed=3)
+    data = pil_jpeg(img, quality=90)
     full = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     big = np.full((256, 256, 3), 7, np.uint8)
     view = big[:151, :203]
@@ -107,8 +75,8 @@ def test_region_into_a_view_of_a_larger_buffer(lib):
 def test_only_the_widened_rectangle_is_written(lib):
     """Rows outside the rectangle plus its context margin are never touched (skipped or never read):
     the saving, and the proof that the buffer's other pixels are left to whatever was there."""
-    img = _photo(640, 480, seed=4)
-    data = _pil_jpeg(img, quality=90)
+    img = photo(640, 480, seed=4)
+    data = pil_jpeg(img, quality=90)
     out = np.zeros((480, 640, 3), np.uint8)
     assert decode_region(data, out, (300, 200, 360, 260))
     m = jpeg_roi.CONTEXT_MARGIN
@@ -119,7 +87,7 @@ def test_only_the_widened_rectangle_is_written(lib):
 
 @pytest.mark.parametrize("case", ["grey", "exif6", "exif3", "other_size", "truncated", "png", "cmyk"])
 def test_files_it_must_not_handle_are_declined(lib, case):
-    img = _photo(120, 90, seed=5)
+    img = photo(120, 90, seed=5)
     if case == "grey":
         buf = io.BytesIO()
         Image.fromarray(img[:, :, 0]).save(buf, format="JPEG")
@@ -127,11 +95,11 @@ def test_files_it_must_not_handle_are_declined(lib, case):
     elif case.startswith("exif"):
         exif = Image.Exif()
         exif[0x0112] = int(case[-1])  # 6: turned 90 degrees (sizes swap), 3: 180 (sizes stay)
-        data = _pil_jpeg(img, exif=exif)
+        data = pil_jpeg(img, exif=exif)
     elif case == "other_size":
-        data = _pil_jpeg(_photo(121, 90, seed=5))
+        data = pil_jpeg(photo(121, 90, seed=5))
     elif case == "truncated":
-        data = _pil_jpeg(img)[:-600]
+        data = pil_jpeg(img)[:-600]
     elif case == "cmyk":
         buf = io.BytesIO()
         Image.fromarray(img).convert("CMYK").save(buf, format="JPEG")
