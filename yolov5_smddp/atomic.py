@@ -27,12 +27,15 @@ def _create_temporary(path: Path) -> tuple[int, Path]:
 
 
 @contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike, mode: str = "wb", *, fsync: bool = True, **open_kwargs
+) -> Iterator[IO]:
     """Open a unique temporary file next to `path` for writing; on a clean exit flush, fsync and
     `os.replace` it onto `path` (atomic on POSIX file systems); on an exception remove it. The file gets
     the permissions a plain `open(path, "w")` would give a new file (0644 under umask 022).
 
     Several writers racing on the same path each replace it with a complete file (the last one wins).
+    `fsync=False` for a cache's entries: no wait for the disk (a file lost to a crash is made again).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +44,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if fsync:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

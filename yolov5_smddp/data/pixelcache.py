@@ -18,7 +18,6 @@ run goes on decoding.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,11 @@ class DiskPixelCache:
         if key is None or not self.writable:
             return
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as handle:
+            with atomic_write(path, fsync=False) as handle:
                 handle.write(memoryview(np.ascontiguousarray(img, dtype=np.uint8)).cast("B"))
-            os.replace(tmp, path)
         except OSError as exc:
             self.writable = False
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             log.warning(
                 "--cache disk: cannot write %s (%s); this process decodes the images it has not cached",
                 path,

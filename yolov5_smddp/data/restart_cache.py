@@ -22,12 +22,13 @@ import contextlib
 import hashlib
 import logging
 import os
-import secrets
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from yolov5_smddp.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -109,16 +110,11 @@ class RestartCache:
         this process (one warning)."""
         if not self.enabled:
             return
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as handle:
+            with atomic_write(path, fsync=False) as handle:
                 handle.write(data)
-            os.replace(tmp, path)
         except OSError as exc:
             self.enabled = False
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             log.warning(
                 "--jpeg-restart-cache: cannot write %s (%s); this process decodes regions from the "
                 "original files",
