@@ -108,7 +108,8 @@ class OpenVinoDetector:
         try:
             core = openvino.Core()
             model = core.read_model(str(xml))
-            self.compiled = core.compile_model(model, "CPU")
+            # float32 as the export: on CPUs with bf16 units OpenVINO would otherwise pick bf16 arithmetic
+            self.compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         except Exception as exc:  # OpenVINO raises its own RuntimeError subclasses for bad files
             raise WeightsError(f"{xml}: cannot be loaded by OpenVINO ({str(exc).splitlines()[0]})") from None
         shape = self.compiled.inputs[0].get_partial_shape()
