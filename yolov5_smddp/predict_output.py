@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,13 +258,3 @@ def out_conflict(out: Path, source: str) -> str | None:
     if recursive and out.is_relative_to(base):
         return "is inside the source folder"
     return None
-
-
-def ensure_folder(out: Path) -> None:
-    """Makes --out, or DataError saying why it cannot be made."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"--out {out}: cannot make this folder ({exc.strerror or exc})") from None
-    if not os.access(out, os.W_OK):
-        raise DataError(f"--out {out}: this folder is not writable")

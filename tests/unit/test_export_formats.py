@@ -139,3 +139,15 @@ def test_predict_gives_the_same_detections_on_every_export(tmp_path):
         print(name, len(got["detections"]), "detections")
         assert_same_detections(got, results["pt"])
         assert {d["class_name"] for d in got["detections"]} <= {"thing 0", "thing 1", "thing 2"}
+
+
+def test_an_output_folder_or_file_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    weights = save_weights(tmp_path / "w.pt", _model(), meta={})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["export", "--weights", str(weights), "--output-dir", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --output-dir: cannot make the folder {blocker / 'sub'} (Not a directory)"
+    (tmp_path / "w.torchscript").mkdir()  # where the file should go: a folder
+    assert main(["export", "--weights", str(weights), "--imgsz", "64"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: export: cannot write into {tmp_path} (Is a directory)"

@@ -199,4 +199,7 @@ def test_a_write_that_fails_stops_with_one_line(tmp_path, weights, capsys, monke
     blocker = tmp_path / "file"
     blocker.write_text("a file where --out's parent should be")
     assert _predict(weights, tmp_path / "src", blocker / "out") == 2
-    assert "cannot make this folder (Not a directory)" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: --out: cannot make the folder {blocker / 'out'} (Not a directory)"
+    )

@@ -8,7 +8,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from yolov5_smddp.commands.options import add_model_input_options
+from yolov5_smddp.commands.options import add_model_input_options, make_folder
+from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     model = load_model(args.weights, device)
     folder = args.output_dir if args.output_dir is not None else args.weights.parent
-    written = export_model(model, folder / args.weights.stem, options, device)
+    make_folder(folder, "--output-dir")
+    try:
+        written = export_model(model, folder / args.weights.stem, options, device)
+    except OSError as exc:  # a full disk or a read-only folder, met while writing
+        raise DataError(f"export: cannot write into {folder} ({exc.strerror or exc})") from None
     log.info("exported %s", ", ".join(str(p) for p in written.values()))
     return 0

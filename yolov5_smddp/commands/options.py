@@ -1,11 +1,14 @@
 """Option blocks that `val`, `predict` and `export` share, defined once, with the release's spellings
-(`--img`, `--img-size`, `--conf-thres`, `--iou-thres`) accepted beside ours where they mean the same."""
+(`--img`, `--img-size`, `--conf-thres`, `--iou-thres`) accepted beside ours where they mean the same; and
+the making of the output folders these options name."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
+from yolov5_smddp.errors import ConfigError
 
 IMGSZ_FLAGS = ("--imgsz", "--img", "--img-size", "--img_size")
 
@@ -65,3 +68,12 @@ def add_threshold_options(parser: argparse.ArgumentParser, *, conf: float, iou: 
         default=max_det,
         help=f"maximum detections per image (default {max_det})",
     )
+
+
+def make_folder(folder: Path, option: str) -> None:
+    """Makes `folder` (with its parents) for the output option `option`, or ConfigError naming the option,
+    the folder and why it cannot be made."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot make the folder {folder} ({exc.strerror or exc})") from None

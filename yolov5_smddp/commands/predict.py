@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options
+from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.predict_output import (
     DEFAULT_FPS,
     PredictionWriter,
     Progress,
     SaveOptions,
-    ensure_folder,
     out_conflict,
 )
 
@@ -184,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         forward, names = (lambda x: model(x)[0]), model.names
     if args.classes is not None and max(args.classes) >= len(names):
         log.warning("--classes %s: the model has classes 0..%d only", args.classes, len(names) - 1)
-    ensure_folder(args.out)
+    make_folder(args.out, "--out")
     writer = PredictionWriter(
         args.out, names, SaveOptions(not args.nosave, args.save_txt, args.save_conf, args.save_crop)
     )

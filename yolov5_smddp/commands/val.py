@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options
+from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
 
 log = logging.getLogger(__name__)
 
@@ -196,18 +196,10 @@ def run(args: argparse.Namespace) -> int:
 def make_output_folders(args: argparse.Namespace) -> None:
     """Makes --metrics-json's folder and, with --save-json, --output-dir; ConfigError naming the one
     that cannot be made."""
-    from yolov5_smddp.errors import ConfigError
-
-    wanted = []
     if args.metrics_json:
-        wanted.append(("--metrics-json", Path(args.metrics_json).parent))
+        make_folder(Path(args.metrics_json).parent, "--metrics-json")
     if args.save_json:
-        wanted.append(("--output-dir", Path(args.output_dir)))
-    for option, folder in wanted:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{option}: cannot make the folder {folder} ({exc.strerror or exc})") from None
+        make_folder(Path(args.output_dir), "--output-dir")
 
 
 def _validate(args: argparse.Namespace, info) -> int:
