@@ -61,6 +61,8 @@ def test_openvino_matches_torch(tmp_path, dynamic):
         "stride": 32,
         "names": {0: "thing 0", 1: "thing 1", 2: "thing 2"},
     }
+    parameters = sum(p.numel() for p in _model().fuse().parameters())
+    assert (folder / "best.bin").stat().st_size > 0.9 * 4 * parameters  # float32 weights (float16: half that)
     core = ov.Core()
     # float32 arithmetic: on CPUs with bf16 units OpenVINO would otherwise choose bf16 (about 3e-4 off)
     compiled = core.compile_model(
