@@ -260,9 +260,11 @@ def simplified(graph):
             continue
         try:
             if name == "onnxslim":
-                return simplifier.slim(graph)
-            result, ok = simplifier.simplify(graph)
+                result, ok = simplifier.slim(graph), True
+            else:
+                result, ok = simplifier.simplify(graph)
             if ok:
+                log.info("--simplify: %s %s", name, getattr(simplifier, "__version__", ""))
                 return result
             log.warning("--simplify: onnxsim could not check its result; the graph is written unsimplified")
             return graph

@@ -85,7 +85,10 @@ def test_simplify_uses_what_is_installed(tmp_path, caplog, monkeypatch):
     options = ExportOptions(include=("onnx",), imgsz=(64, 96), simplify=True)
     installed = [name for name in export.SIMPLIFIERS if importlib.util.find_spec(name) is not None]
     if installed:
-        path = export_model(_model(), tmp_path / "slim", options)["onnx"]
+        with caplog.at_level(logging.INFO):
+            path = export_model(_model(), tmp_path / "slim", options)["onnx"]
+        assert any(r.getMessage().startswith(f"--simplify: {installed[0]} ") for r in caplog.records)
+        caplog.clear()
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         assert _relative_error(session.run(None, {"images": x.numpy()})[0], _reference(x)) < TOLERANCE
     monkeypatch.setattr(export, "SIMPLIFIERS", ("no_such_simplifier_a", "no_such_simplifier_b"))
