@@ -1,20 +1,24 @@
-"""Export a trained detector to TorchScript and ONNX, the two framework-neutral files that serving stacks
-load without this package.
+"""Export a trained detector to TorchScript, ONNX and OpenVINO IR (files that serving stacks load without
+this package), and to a TensorRT engine where TensorRT and a GPU are present.
 
-Both files compute the eval-mode output of the model (`DetectionModel` with BatchNorm folded):
+All of them compute the eval-mode output of the model (`DetectionModel` with BatchNorm folded):
 input `images` float [B, 3, H, W], RGB in [0, 1], letterboxed; output `output0` [B, N, 5 + nc] with
 (xc, yc, w, h) in input pixels, objectness and class probabilities; NMS is left to the caller, as ONNX
 users of YOLOv5 expect. Metadata: ONNX `metadata_props` "stride" ("32") and "names" (a Python dict literal,
 "{0: 'person', ...}", as the release writes it); TorchScript an extra file `config.txt` holding JSON
-{"shape", "stride", "names", "imgsz"}.
+{"shape", "stride", "names", "imgsz"}; OpenVINO a folder `<stem>_openvino_model/` holding `<stem>.xml`,
+`<stem>.bin` (float32 weights) and `metadata.yaml` {"stride", "names"}, as the
+release lays it out.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +32,17 @@ from yolov5_smddp.models.yolo import DetectionModel
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("torchscript", "onnx")
-SUFFIXES = {"torchscript": ".torchscript", "onnx": ".onnx"}
+FORMATS = ("torchscript", "onnx", "openvino", "engine")
+SUFFIXES = {
+    "torchscript": ".torchscript",
+    "onnx": ".onnx",
+    "openvino": "_openvino_model",
+    "engine": ".engine",
+}
 INPUT_NAME, OUTPUT_NAME = "images", "output0"
 TORCHSCRIPT_CONFIG = "config.txt"
+OPENVINO_METADATA = "metadata.yaml"
+SIMPLIFIERS = ("onnxslim", "onnxsim")  # tried in this order for --simplify
 DEFAULT_OPSET = 17
 
 
@@ -45,6 +56,7 @@ class ExportOptions:
     dynamic: bool = False
     half: bool = False
     opset: int = DEFAULT_OPSET
+    simplify: bool = False
 
 
 class ExportModule(nn.Module):
@@ -80,6 +92,27 @@ def check_options(options: ExportOptions, stride: int, device: torch.device) -> 
         raise ConfigError("--half: float16 export needs a GPU (--device cuda); CPUs export float32")
     if options.half and options.dynamic:
         raise ConfigError("--half and --dynamic together are not supported; choose one")
+    if options.half and "openvino" in options.include:
+        raise ConfigError("--half with --include openvino: OpenVINO IR is written float32; drop --half")
+    if "engine" in options.include:
+        check_tensorrt(device, importlib.util.find_spec("tensorrt") is not None)
+
+
+def check_tensorrt(device: torch.device, importable: bool) -> None:
+    """ConfigError unless a TensorRT engine can be built here: the tensorrt package and a CUDA device."""
+    if not importable:
+        raise ConfigError(
+            "--include engine: TensorRT is not installed here (pip install tensorrt on a machine with an "
+            "NVIDIA GPU); export onnx or openvino instead, or build the engine from the .onnx with trtexec"
+        )
+    if device.type != "cuda":
+        raise ConfigError(
+            "--include engine: a TensorRT engine is built on the GPU it runs on; give --device cuda"
+        )
+    raise ConfigError(
+        "--include engine: building TensorRT engines is not supported by this version; export onnx and "
+        "build the engine with trtexec --onnx=<file>.onnx --saveEngine=<file>.engine"
+    )
 
 
 def names_literal(names: Sequence[str]) -> str:
@@ -97,6 +130,8 @@ def export_model(
     check_options(options, stride, device)
     if "onnx" in options.include:
         require_onnx()
+    if "openvino" in options.include:
+        require_openvino()
     model = model.to(device).fuse().eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -111,10 +146,13 @@ def export_model(
         path = stem.with_name(stem.name + SUFFIXES[fmt])  # not with_suffix: a stem may hold dots (v3.0-x)
         if fmt == "torchscript":
             _torchscript(module, example, path, _config(model, example, options))
-        else:
+        elif fmt == "onnx":
             _onnx(module, example, path, options, _metadata(model), output.shape[2])
+        else:
+            _openvino(module, example, path, options, model)
         written[fmt] = path
-        size_mb = path.stat().st_size / 2**20
+        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        size_mb = sum(f.stat().st_size for f in files) / 2**20
         log.info(
             "%s: %s (%.1f MB), input %s %s, output %s %s",
             fmt,
@@ -200,6 +238,8 @@ def _onnx(
         channels = graph.graph.output[0].type.tensor_type.shape.dim[2]
         channels.Clear()
         channels.dim_value = channels_out
+        if options.simplify:
+            graph = simplified(graph)
         onnx.checker.check_model(graph)
         for key, value in meta.items():
             entry = graph.metadata_props.add()
@@ -208,3 +248,74 @@ def _onnx(
             handle.write(graph.SerializeToString())
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def simplified(graph):
+    """`graph` (an onnx ModelProto) simplified by onnxslim or onnxsim, whichever is importable first;
+    unchanged, with one log line, when neither is (or when the simplifier fails on it)."""
+    for name in SIMPLIFIERS:
+        try:
+            simplifier = importlib.import_module(name)
+        except ImportError:
+            continue
+        try:
+            if name == "onnxslim":
+                result, ok = simplifier.slim(graph), True
+            else:
+                result, ok = simplifier.simplify(graph)
+            if ok:
+                log.info("--simplify: %s %s", name, getattr(simplifier, "__version__", ""))
+                return result
+            log.warning("--simplify: onnxsim could not check its result; the graph is written unsimplified")
+            return graph
+        except Exception as exc:  # a third-party optimiser: its failure must not lose the export
+            log.warning("--simplify: %s failed (%s); the graph is written unsimplified", name, exc)
+            return graph
+    log.info("--simplify: skipped (neither %s is installed: pip install onnxslim)", " nor ".join(SIMPLIFIERS))
+    return graph
+
+
+def require_openvino():
+    """The `openvino` package, or ConfigError saying how to get it."""
+    try:
+        import openvino
+    except ImportError:
+        raise ConfigError(
+            "OpenVINO export needs the openvino package, which is not installed (pip install openvino)"
+        ) from None
+    return openvino
+
+
+def _openvino(
+    module: nn.Module, example: torch.Tensor, folder: Path, options: ExportOptions, model: DetectionModel
+) -> None:
+    """`folder`/<stem>.xml + .bin + metadata.yaml, converted from the torch module by OpenVINO's PyTorch
+    frontend; the folder is built beside its final name and renamed onto it (a failed export leaves
+    any earlier folder as it was)."""
+    import yaml
+
+    ov = require_openvino()
+    shape = [-1, 3, -1, -1] if options.dynamic else list(example.shape)
+    with torch.inference_mode(False), torch.no_grad():
+        converted = ov.convert_model(module, example_input=example, input=[ov.PartialShape(shape)])
+    converted.inputs[0].get_tensor().set_names({INPUT_NAME})
+    converted.outputs[0].get_tensor().set_names({OUTPUT_NAME})
+    stem = folder.name.removesuffix(SUFFIXES["openvino"])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    building = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        building.mkdir()
+        ov.save_model(converted, str(building / f"{stem}.xml"), compress_to_fp16=False)
+        metadata = {
+            "stride": int(max(model.stride.tolist())),
+            "names": dict(enumerate(map(str, model.names))),
+        }
+        (building / OPENVINO_METADATA).write_text(yaml.safe_dump(metadata, sort_keys=False), encoding="utf-8")
+        previous = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+        if folder.exists():
+            folder.rename(previous)
+        building.rename(folder)
+        shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""`yolov5-smddp export`: write TorchScript and/or ONNX files of a checkpoint (ours or the release's .pt)
-beside the weights or in --output-dir: input `images` [B, 3, H, W] RGB 0-1, output `output0`
+"""`yolov5-smddp export`: write TorchScript, ONNX and/or OpenVINO IR files of a checkpoint (ours or the
+release's .pt) beside the weights or in --output-dir: input `images` [B, 3, H, W] RGB 0-1, output `output0`
 [B, N, 5 + nc] (xywh in input pixels, objectness, class scores; no NMS), metadata stride and names."""
 
 from __future__ import annotations
@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+
+from yolov5_smddp.commands.options import add_model_input_options, make_folder
+from yolov5_smddp.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -17,17 +20,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--include",
         nargs="+",
         default=["torchscript"],
-        choices=["torchscript", "onnx"],
-        help="formats to write (default: torchscript)",
+        choices=["torchscript", "onnx", "openvino", "engine"],
+        help="formats to write (default: torchscript); openvino: a folder <stem>_openvino_model/; "
+        "engine: TensorRT, refused with the reason where it cannot be built",
     )
-    parser.add_argument(
-        "--imgsz", "--img", "--img-size", nargs="+", type=int, default=[640], help="input size: H or H W"
-    )
+    add_model_input_options(parser, device_default="cpu", height_width=True, images=False)
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=1)
-    parser.add_argument("--dynamic", action="store_true", help="ONNX: dynamic batch, height and width")
+    parser.add_argument(
+        "--dynamic", action="store_true", help="ONNX and OpenVINO: dynamic batch, height and width"
+    )
     parser.add_argument("--half", action="store_true", help="float16 (needs --device cuda)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--simplify",
+        action="store_true",
+        help="ONNX: simplify the graph with onnxslim or onnxsim where one is installed (else skipped, said once)",
+    )
     parser.add_argument(
         "--output-dir",
         "--output_dir",
@@ -50,10 +58,15 @@ def run(args: argparse.Namespace) -> int:
         dynamic=args.dynamic,
         half=args.half,
         opset=args.opset,
+        simplify=args.simplify,
     )
     device = _device(args.device)
     model = load_model(args.weights, device)
     folder = args.output_dir if args.output_dir is not None else args.weights.parent
-    written = export_model(model, folder / args.weights.stem, options, device)
+    make_folder(folder, "--output-dir")
+    try:
+        written = export_model(model, folder / args.weights.stem, options, device)
+    except OSError as exc:  # a full disk or a read-only folder, met while writing
+        raise DataError(f"export: cannot write into {folder} ({exc.strerror or exc})") from None
     log.info("exported %s", ", ".join(str(p) for p in written.values()))
     return 0

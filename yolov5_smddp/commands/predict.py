@@ -1,27 +1,37 @@
-"""`yolov5-smddp predict`: detect objects in images; per image a JSON file (boxes in original-image
-pixels) and an annotated copy, written to --out (never inside the source folder).
+"""`yolov5-smddp predict`: detect objects in images and videos; per image a JSON file (boxes in
+original-image pixels) and an annotated copy, per video a JSON Lines file (a line per frame) and an
+annotated video, written to --out (never inside the source folder); see `predict_output` for the layout
+and `predict_sources` for what --source may name (a file, a folder searched recursively, a glob, a .txt
+list of paths).
 
-An image that cannot be decoded, or whose header claims more than --max-image-pixels, is skipped with
-one "skipped: <path>: <why>" line and the others are processed; it fails only when none is usable."""
+An image or frame that cannot be decoded, or whose header claims more than --max-image-pixels, is skipped
+with one "skipped: <path>: <why>" line and the others are processed; it fails only when none is usable.
+Long inputs get a progress line every PROGRESS_SECONDS, not one per image."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
+from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
 from yolov5_smddp.errors import ConfigError, DataError
+from yolov5_smddp.predict_output import (
+    DEFAULT_FPS,
+    PredictionWriter,
+    Progress,
+    SaveOptions,
+    out_conflict,
+)
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"}
+PROGRESS_SECONDS = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,41 +39,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights",
         required=True,
         type=Path,
-        help="checkpoint: ours or the release's .pt, or an exported .onnx",
+        help="checkpoint: ours or the release's .pt, or an exported .onnx, .torchscript or OpenVINO folder",
     )
-    parser.add_argument("--source", required=True, type=Path, help="an image file or a folder of images")
-    parser.add_argument("--out", required=True, type=Path, help="output folder for JSON and annotated images")
-    parser.add_argument("--imgsz", type=int, default=640, help="square network input size (multiple of 32)")
-    parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
-    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument(
-        "--max-image-pixels",
-        "--max_image_pixels",
-        dest="max_image_pixels",
-        type=int,
-        default=DEFAULT_MAX_PIXELS,
-        help="skip images whose header claims more pixels (default 2^27; see `train --help`)",
+        "--source",
+        required=True,
+        help="an image or video file, a folder (searched recursively), a glob ('imgs/*.jpg', quoted) or a "
+        ".txt file listing paths",
     )
-
-
-def find_images(source: Path) -> list[Path]:
-    """The image files of `source` (a file, or a folder's files with an image suffix, sorted)."""
-    if not source.exists():
-        raise DataError(f"source {source} does not exist")
-    if source.is_file():
-        return [source]
-    images = sorted(p for p in source.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not images:
-        raise DataError(f"source {source}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    return images
-
-
-def output_stems(images: list[Path]) -> list[str]:
-    """Output file stems: the image's stem, or stem_suffix where two images share a stem."""
-    stems = [p.stem for p in images]
-    return [f"{p.stem}_{p.suffix.lstrip('.')}" if stems.count(p.stem) > 1 else p.stem for p in images]
+    parser.add_argument(
+        "--out", required=True, type=Path, help="output folder (JSON, annotated images/videos)"
+    )
+    add_model_input_options(parser, device_default="cpu", height_width=True, images=True)
+    add_threshold_options(parser, conf=0.25, iou=0.45, max_det=1000)
+    parser.add_argument("--classes", nargs="+", type=int, default=None, help="keep only these class ids")
+    parser.add_argument(
+        "--agnostic-nms",
+        "--agnostic_nms",
+        dest="agnostic_nms",
+        action="store_true",
+        help="NMS across classes",
+    )
+    parser.add_argument(
+        "--vid-stride",
+        "--vid_stride",
+        dest="vid_stride",
+        type=int,
+        default=1,
+        help="read every N-th video frame",
+    )
+    parser.add_argument(
+        "--save-txt",
+        "--save_txt",
+        dest="save_txt",
+        action="store_true",
+        help="also write YOLO labels (class xc yc w h, normalised) to --out/labels/",
+    )
+    parser.add_argument(
+        "--save-conf", "--save_conf", dest="save_conf", action="store_true", help="--save-txt: add the score"
+    )
+    parser.add_argument(
+        "--save-crop",
+        "--save_crop",
+        dest="save_crop",
+        action="store_true",
+        help="also write each detection's box as an image to --out/crops/<class>/",
+    )
+    parser.add_argument("--nosave", action="store_true", help="no annotated images or videos (JSON only)")
 
 
 def to_original_pixels(
@@ -80,33 +102,6 @@ def to_original_pixels(
     return scale_boxes(boxes_xyxy, input_hw, original_hw, ratio_pad=((ratio[1], ratio[0]), pad))
 
 
-def detection_records(det: torch.Tensor, names: list[str]) -> list[dict]:
-    """det [N, 6] (x1, y1, x2, y2, score, class) in original pixels → JSON-able dicts."""
-    return [
-        {
-            "box_xyxy": [round(v, 2) for v in row[:4]],
-            "class_id": int(row[5]),
-            "class_name": names[int(row[5])] if int(row[5]) < len(names) else str(int(row[5])),
-            "score": round(row[4], 5),
-        }
-        for row in det.tolist()
-    ]
-
-
-def _annotate(image_bgr: np.ndarray, records: list[dict]) -> np.ndarray:
-    import cv2
-
-    out = image_bgr.copy()
-    for rec in records:
-        x1, y1, x2, y2 = (int(round(v)) for v in rec["box_xyxy"])
-        c = rec["class_id"]
-        colour = ((37 * c + 40) % 256, (97 * c + 200) % 256, (173 * c + 120) % 256)  # BGR, fixed per class
-        cv2.rectangle(out, (x1, y1), (x2, y2), colour, 2)
-        label = f"{rec['class_name']} {rec['score']:.2f}"
-        cv2.putText(out, label, (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colour, 1, cv2.LINE_AA)
-    return out
-
-
 def _device(name: str) -> torch.device:
     import torch
 
@@ -119,81 +114,124 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _onnx_forward(path: Path, shape: tuple[int, int]):
-    """(forward, names, input shape) for an exported .onnx file run by onnxruntime; a file exported
-    for one size is fed that size."""
+def _exported_forward(path: Path, shape: tuple[int, int], device: torch.device):
+    """(forward, names, input (h, w)) for an exported model (.onnx, .torchscript, OpenVINO folder or
+    .xml); a file exported for one size is fed that size. None for anything else (a .pt)."""
+    from yolov5_smddp.exported_models import OpenVinoDetector, TorchScriptDetector, exported_format
     from yolov5_smddp.onnx_model import OnnxDetector
 
-    detector = OnnxDetector(path)
-    batch = detector.input.shape[0]
-    if isinstance(batch, int) and batch != 1:
-        raise ConfigError(
-            f"--weights {path}: exported for batch size {batch}; predict feeds one image at a time "
-            f"(export with --batch-size 1 or --dynamic)"
-        )
+    fmt = exported_format(path)
+    if fmt is None:
+        return None
+    if fmt == "onnx":
+        detector = OnnxDetector(path)
+        batch = detector.input.shape[0]
+        if isinstance(batch, int) and batch != 1:
+            raise ConfigError(
+                f"--weights {path}: exported for batch size {batch}; predict feeds one image at a time "
+                f"(export with --batch-size 1 or --dynamic)"
+            )
+    elif fmt == "torchscript":
+        detector = TorchScriptDetector(path, device)
+    else:
+        detector = OpenVinoDetector(path)
     fixed = detector.fixed_size()
     if fixed is not None and fixed != shape:
         log.info("%s: exported for %dx%d (h x w) input; using that instead of --imgsz", path, *fixed)
     return detector, detector.names, fixed or shape
 
 
+def _check_options(args: argparse.Namespace) -> tuple[int, int]:
+    """The input (h, w) from --imgsz; ConfigError naming any option out of range."""
+    if len(args.imgsz) not in (1, 2):
+        raise ConfigError(f"--imgsz {' '.join(map(str, args.imgsz))}: give one size or height and width")
+    if any(v <= 0 or v % 32 for v in args.imgsz):
+        raise ConfigError(f"--imgsz {' '.join(map(str, args.imgsz))}: must be a positive multiple of 32")
+    if not (0 <= args.conf <= 1 and 0 <= args.iou <= 1):
+        raise ConfigError(f"--conf {args.conf} / --iou {args.iou}: must lie in [0, 1]")
+    if args.max_det < 1:
+        raise ConfigError(f"--max-det {args.max_det}: must be at least 1")
+    if args.vid_stride < 1:
+        raise ConfigError(f"--vid-stride {args.vid_stride}: must be at least 1")
+    if args.classes is not None and any(c < 0 for c in args.classes):
+        raise ConfigError(f"--classes {' '.join(map(str, args.classes))}: class ids are 0 or more")
+    if args.save_conf and not args.save_txt:
+        raise ConfigError("--save-conf adds the score to --save-txt's labels; give --save-txt too")
+    return (args.imgsz[0], args.imgsz[-1])
+
+
 def run(args: argparse.Namespace) -> int:
     import cv2
     import torch
 
-    from yolov5_smddp.data.imageinfo import ImageProblem, decode_checked
     from yolov5_smddp.data.letterbox import letterbox
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.postprocess import non_max_suppression
+    from yolov5_smddp.predict_sources import frames, resolve_source
 
-    if args.imgsz <= 0 or args.imgsz % 32:
-        raise ConfigError(f"--imgsz {args.imgsz}: must be a positive multiple of 32")
-    if not (0 <= args.conf <= 1 and 0 <= args.iou <= 1):
-        raise ConfigError(f"--conf {args.conf} / --iou {args.iou}: must lie in [0, 1]")
-    images = find_images(args.source)
-    out, source = args.out.resolve(), args.source.resolve()
-    folder = source if source.is_dir() else source.parent
-    # nor inside a source folder: a later recursive scan of it would take our outputs for data
-    if out == folder or (source.is_dir() and out.is_relative_to(source)):
-        what = "is" if out == folder else "is inside"
-        raise ConfigError(
-            f"--out {args.out}: {what} the source folder; choose another so the inputs stay untouched"
-        )
+    shape = _check_options(args)
+    resolved = resolve_source(args.source)
+    conflict = out_conflict(args.out, args.source)
+    if conflict is not None:  # a later recursive scan of the source would take our outputs for data
+        raise ConfigError(f"--out {args.out}: {conflict}; choose another so the inputs stay untouched")
     device = _device(args.device)
-    shape = (args.imgsz, args.imgsz)
-    if args.weights.suffix.lower() == ".onnx":
-        forward, names, shape = _onnx_forward(args.weights, shape)
+    exported = _exported_forward(args.weights, shape, device)
+    if exported is not None:
+        forward, names, shape = exported
     else:
         model = load_model(args.weights, device).fuse()
         forward, names = (lambda x: model(x)[0]), model.names
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.classes is not None and max(args.classes) >= len(names):
+        log.warning("--classes %s: the model has classes 0..%d only", args.classes, len(names) - 1)
+    make_folder(args.out, "--out")
+    writer = PredictionWriter(
+        args.out, names, SaveOptions(not args.nosave, args.save_txt, args.save_conf, args.save_crop)
+    )
 
-    skipped: list[str] = []
-    for path, stem in zip(images, output_stems(images)):
-        try:
-            original = decode_checked(path, args.max_image_pixels)
-        except ImageProblem as exc:
-            skipped.append(f"{path}: {exc}")
-            log.warning("skipped: %s", skipped[-1])
-            continue
-        h0, w0 = original.shape[:2]
-        padded, ratio, pad = letterbox(cv2.cvtColor(original, cv2.COLOR_BGR2RGB), shape, auto=False)
-        x = torch.from_numpy(padded).permute(2, 0, 1)[None].to(device)  # uint8 [1, 3, H, W] RGB
-        with torch.inference_mode():
-            pred = forward(x.float() / 255).to(device)
-            (det,) = non_max_suppression(pred, args.conf, args.iou, max_det=args.max_det)
-            det[:, :4] = to_original_pixels(det[:, :4], padded.shape[:2], (h0, w0), ratio, pad)
-        records = detection_records(det.cpu(), names)
-        result = {"image": str(path), "width": w0, "height": h0, "detections": records}
-        (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        cv2.imwrite(str(args.out / f"{stem}.jpg"), _annotate(original, records))
-        log.info("%s: %d detections", path, len(records))
-    if len(skipped) == len(images):
+    skipped = list(resolved.skipped)
+    for entry in skipped:
+        log.warning("skipped: %s", entry)
+    progress = Progress(PROGRESS_SECONDS, time.monotonic)
+    done = detections = 0
+    files_started, current = 0, None
+    try:
+        for frame in frames(resolved.files, args.max_image_pixels, args.vid_stride):
+            if frame.file is not current:
+                current, files_started = frame.file, files_started + 1
+            if frame.pixels is None:
+                skipped.append(f"{frame.name}: {frame.problem}")
+                log.warning("skipped: %s", skipped[-1])
+                continue
+            original = frame.pixels
+            h0, w0 = original.shape[:2]
+            padded, ratio, pad = letterbox(cv2.cvtColor(original, cv2.COLOR_BGR2RGB), shape, auto=False)
+            x = torch.from_numpy(padded).permute(2, 0, 1)[None].to(device)  # uint8 [1, 3, H, W] RGB
+            with torch.inference_mode():
+                pred = forward(x.float() / 255).to(device)
+                (det,) = non_max_suppression(
+                    pred,
+                    args.conf,
+                    args.iou,
+                    classes=args.classes,
+                    agnostic=args.agnostic_nms,
+                    max_det=args.max_det,
+                )
+                det[:, :4] = to_original_pixels(det[:, :4], padded.shape[:2], (h0, w0), ratio, pad)
+            found = writer.write(frame, det.cpu(), (frame.fps or DEFAULT_FPS) / args.vid_stride)
+            done, detections = done + 1, detections + found
+            log.debug("%s: %d detections", frame.name, found)
+            if progress.due():
+                log.info("%s", progress.line(done, files_started, len(resolved.files)))
+    finally:
+        writer.close()
+    if done == 0:
         raise DataError(f"--source {args.source}: no image could be used (first: {skipped[0]})")
     log.info(
-        "wrote %d JSON files and annotated images to %s; %d image(s) skipped",
-        len(images) - len(skipped),
+        "wrote results of %d image(s)/frame(s) from %d file(s) to %s (%d detections); %d skipped",
+        done,
+        len(resolved.files),
         args.out,
+        detections,
         len(skipped),
     )
     return 0

@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
+from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +37,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", required=True, help="weights file (ours or the release's .pt)")
     parser.add_argument("--data", required=True, help="data.yaml, or a COCO instances JSON")
     parser.add_argument(
-        "--split", default="val", choices=("val", "test", "train"), help="which split to score"
+        "--split",
+        "--task",
+        dest="split",
+        default="val",
+        choices=("val", "test", "train"),
+        help="which split to score (--task: the release's name for it)",
     )
-    parser.add_argument("--imgsz", type=int, default=640, help="inference size in pixels")
+    add_model_input_options(parser, device_default=None, height_width=False, images=True)
     parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=32)
-    parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
-    parser.add_argument("--iou", type=float, default=0.6, help="NMS IoU threshold")
-    parser.add_argument("--max-det", "--max_det", dest="max_det", type=int, default=300)
+    add_threshold_options(parser, conf=0.001, iou=0.6, max_det=300)
+    parser.add_argument(
+        "--single-cls",
+        "--single_cls",
+        dest="single_cls",
+        action="store_true",
+        help="score every class as one (for a model trained with train --single-cls)",
+    )
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16", "auto"))
     parser.add_argument(
         "--backend",
@@ -88,14 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="label cache folder (default $XDG_CACHE_HOME/yolov5-smddp, else ~/.cache/yolov5-smddp); "
         "nothing is ever written under the dataset",
-    )
-    parser.add_argument(
-        "--max-image-pixels",
-        "--max_image_pixels",
-        dest="max_image_pixels",
-        type=int,
-        default=DEFAULT_MAX_PIXELS,
-        help="skip images whose header claims more pixels (default 2^27; see `train --help`)",
     )
 
 
@@ -184,10 +185,21 @@ def run(args: argparse.Namespace) -> int:
     if args.imgsz < 32 or args.imgsz % 32:
         raise ConfigError(f"--imgsz={args.imgsz} must be a multiple of 32")
     info = distributed.detect_dist_info(os.environ)
+    if info.rank == 0:  # before the scan and the scoring: a folder that cannot be made fails at once
+        make_output_folders(args)
     try:
         return _validate(args, info)
     finally:
         distributed.destroy()
+
+
+def make_output_folders(args: argparse.Namespace) -> None:
+    """Makes --metrics-json's folder and, with --save-json, --output-dir; ConfigError naming the one
+    that cannot be made."""
+    if args.metrics_json:
+        make_folder(Path(args.metrics_json).parent, "--metrics-json")
+    if args.save_json:
+        make_folder(Path(args.output_dir), "--output-dir")
 
 
 def _validate(args: argparse.Namespace, info) -> int:
@@ -195,7 +207,7 @@ def _validate(args: argparse.Namespace, info) -> int:
 
     from yolov5_smddp import distributed
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.labels import build_label_index, collapse_to_one_class
     from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
@@ -228,11 +240,16 @@ def _validate(args: argparse.Namespace, info) -> int:
         workers=args.workers or 1,
         max_pixels=args.max_image_pixels,
     )
+    nc, names = data.nc, list(data.names)
+    if args.single_cls:  # as train --single-cls: one class, named 'item' unless the dataset names it
+        collapse_to_one_class(index)
+        nc, names = 1, names if data.nc == 1 else ["item"]
     if info.distributed:  # after the scan: a long scan never runs inside the store's timeout
         device = distributed.init(info, backend, device_type, args.dist_timeout)
     model = load_model(args.weights, device=device).eval()
-    if model.nc != data.nc:
-        raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {data.nc}")
+    if model.nc != nc:
+        hint = " (a --single-cls model: add --single-cls)" if model.nc == 1 and not args.single_cls else ""
+        raise ConfigError(f"--weights {args.weights} has {model.nc} classes but {args.data} has {nc}{hint}")
     loader = build_val_loader(
         index,
         args.imgsz,
@@ -248,7 +265,7 @@ def _validate(args: argparse.Namespace, info) -> int:
     # result ids: positions in the index, or the COCO JSON's own image and category ids
     json_ids = index.coco.image_ids.tolist() if index.coco is not None else range(len(index.images))
     image_ids = {str(p): i for p, i in zip(index.images, json_ids)}
-    category_ids = index.coco.category_ids if index.coco is not None else range(data.nc)
+    category_ids = index.coco.category_ids if index.coco is not None else range(nc)
     detections_json: list[dict] = []
     scored: set[str] = set()
 
@@ -306,7 +323,6 @@ def _validate(args: argparse.Namespace, info) -> int:
         ),
         main=True,
     )
-    names = list(data.names)
     log.info("\n%s", results_table(metrics, names, per_class=args.verbose or len(names) < 50))
     if args.metrics_json:
         summary = {**metrics.to_dict(), "images": metrics.num_images, "targets": metrics.num_targets}
@@ -318,10 +334,10 @@ def _validate(args: argparse.Namespace, info) -> int:
         out.mkdir(parents=True, exist_ok=True)
         gt_path = out / "ground_truth.json"
         if index.coco is not None:
-            gt = _coco_json_ground_truth(index, scored, data.names)
+            gt = _coco_json_ground_truth(index, scored, names)
         else:
             gt = _coco_ground_truth(index, scored)
-            gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(data.names)]
+            gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(names)]
         gt_path.write_text(json.dumps(gt), encoding="utf-8")
         (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")
         scores = _pycocotools_scores(gt_path, detections_json)

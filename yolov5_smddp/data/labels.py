@@ -460,3 +460,10 @@ def _index_from_table(
         report=report,
         cache_path=cache_path,
     )
+
+
+def collapse_to_one_class(index: LabelIndex) -> None:
+    """Every label of `index` (and COCO crowd region) given class 0, in place: the release's --single-cls."""
+    index.labels[:] = [np.concatenate((np.zeros_like(lab[:, :1]), lab[:, 1:]), 1) for lab in index.labels]
+    if index.crowd is not None:
+        index.crowd[:] = [np.concatenate((np.zeros_like(c[:, :1]), c[:, 1:]), 1) for c in index.crowd]
