@@ -89,7 +89,10 @@ def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) 
 
 def interrupted_message(when: str, folder: Path) -> str:
     """What a run stopped by SIGTERM prints: `when` is "in epoch 3" or "after epoch 2"."""
-    return f"interrupted {when}: checkpoint {folder / LAST} written; run the same command again to resume"
+    return (
+        f"interrupted {when}: checkpoint {folder / LAST} written; resume with --resume {folder / LAST} "
+        f"(a job given --checkpoint-dir {folder} resumes it by itself)"
+    )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
