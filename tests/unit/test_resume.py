@@ -34,8 +34,9 @@ def _data(folder: Path, text: str = "path: .\ntrain: images\nval: images\nnames:
     return folder / "data.yaml"
 
 
-def _run(config: TrainConfig, folder: Path, names=("a", "b", "c")) -> trainer.Run:
-    """A Run of a tiny yolov5n whose checkpoint is what training writes (Run.checkpoint)."""
+def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "off") -> trainer.Run:
+    """A Run of a tiny yolov5n whose checkpoint is what training writes (Run.checkpoint); `amp` "fp16"
+    gives it an enabled loss scaler (torch's GradScaler works on CPU too)."""
     model = build_model("yolov5n", nc=len(names))
     model.names = list(names)
     stack = trainer.build_training_stack(
@@ -44,7 +45,7 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c")) -> trainer.Ru
         nc=len(names),
         imgsz=64,
         global_batch=8,
-        amp=AmpPolicy("off", "cpu"),
+        amp=AmpPolicy(amp, "cpu"),
     )
     dirs = OutputDirs(
         model_dir=folder / "model",
@@ -57,7 +58,7 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c")) -> trainer.Ru
         ONE_RANK,
         dirs,
         trainer.BatchPlan(8, 8),
-        AmpPolicy("off", "cpu"),
+        AmpPolicy(amp, "cpu"),
         torch.device("cpu"),
         model,
         stack,
@@ -317,3 +318,21 @@ def test_loss_scaler_state_across_amp_modes():
         == "amp: the checkpoint's fp16 loss scale 1024 is not needed now"
     )
     assert trainer.restore_scaler(off, bf16_state) is None
+
+
+def test_a_bf16_run_resumes_under_fp16_and_back(tmp_path, caplog):
+    """trainer.resume itself: torch alone raises "The source state dict is empty" for the first case."""
+    bf16_last = _checkpoint(tmp_path, ["--cfg", "yolov5n", "--amp", "bf16"], folder="bf16")
+    fp16 = _run(parse_train_args(["--amp", "fp16"]), tmp_path / "fp16", amp="fp16")
+    with caplog.at_level("INFO", logger="yolov5_smddp"):
+        state = trainer.resume(fp16, bf16_last, checkpoint.load_checkpoint(bf16_last))
+    assert state.epoch == 1 and fp16.stack.scaler.get_scale() == 65536.0
+    assert "fp16 starts its loss scale afresh at 65536" in caplog.text
+    fp16.stack.scaler.scale(torch.ones(()))  # the scale tensor exists from the first step on
+    fp16.stack.scaler.update(512.0)
+    fp16_last = fp16.save(checkpoint.RunState(epoch=2, iteration=20))
+    bf16 = _run(parse_train_args(["--amp", "bf16"]), tmp_path / "bf16again", amp="bf16")
+    assert trainer.resume(bf16, fp16_last, checkpoint.load_checkpoint(fp16_last)).epoch == 2
+    fp16_again = _run(parse_train_args(["--amp", "fp16"]), tmp_path / "fp16again", amp="fp16")
+    trainer.resume(fp16_again, fp16_last, checkpoint.load_checkpoint(fp16_last))
+    assert fp16_again.stack.scaler.get_scale() == 512.0
