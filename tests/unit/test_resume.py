@@ -21,8 +21,8 @@ from yolov5_smddp.config import (
 )
 from yolov5_smddp.distributed import DistInfo
 from yolov5_smddp.engine import AmpPolicy
-from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.models.weights import load_model, load_weights
+from yolov5_smddp.errors import ConfigError, WeightsError
+from yolov5_smddp.models.weights import load_model, load_weights, save_weights
 from yolov5_smddp.models.yolo import build_model
 
 ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
@@ -336,3 +336,23 @@ def test_a_bf16_run_resumes_under_fp16_and_back(tmp_path, caplog):
     fp16_again = _run(parse_train_args(["--amp", "fp16"]), tmp_path / "fp16again", amp="fp16")
     trainer.resume(fp16_again, fp16_last, checkpoint.load_checkpoint(fp16_last))
     assert fp16_again.stack.scaler.get_scale() == 512.0
+
+
+def test_resuming_what_is_not_a_training_checkpoint_says_what_to_do_in_one_line(tmp_path):
+    release = Path(__file__).parents[1] / "fixtures" / "release_models" / "yolov5n.pt"
+    with pytest.raises(WeightsError) as refused:
+        checkpoint.load_checkpoint(release)
+    assert str(refused.value) == (
+        f"checkpoint {release} is not a yolov5-smddp training checkpoint: it holds pickled objects; weights "
+        f"(a model folder's best.pt, the release's .pt) start a new run with --weights {release}"
+    )
+    ours = save_weights(tmp_path / "best.pt", build_model("yolov5n", nc=3), meta={})
+    with pytest.raises(
+        WeightsError, match=r"\(format yolov5-smddp-train-checkpoint/1\); weights .* --weights "
+    ):
+        checkpoint.load_checkpoint(ours)
+    truncated = tmp_path / "last.pt"
+    truncated.write_bytes(ours.read_bytes()[:1000])
+    with pytest.raises(WeightsError) as damaged:
+        checkpoint.load_checkpoint(truncated)
+    assert "\n" not in str(damaged.value) and str(damaged.value).endswith("delete it to start afresh")
