@@ -119,7 +119,7 @@ def test_the_data_may_move_but_not_change(tmp_path):
     assert resume_run(
         parse_train_args(["--resume", str(source), "--data", str(moved)]), saved, source
     ).data == str(moved)
-    other = _data(tmp_path / "other", "path: .\ntrain: images\nval: images\nnames: [x]\n")
+    other = _data(tmp_path / "other", "path: .\ntrain: images\nval: images\nnames: [a, b, d]\n")
     with pytest.raises(ConfigError, match="^--data .*other/data.yaml contradicts the run being resumed"):
         resume_run(parse_train_args(["--resume", str(source), "--data", str(other)]), saved, source)
 
@@ -356,3 +356,17 @@ def test_resuming_what_is_not_a_training_checkpoint_says_what_to_do_in_one_line(
     with pytest.raises(WeightsError) as damaged:
         checkpoint.load_checkpoint(truncated)
     assert "\n" not in str(damaged.value) and str(damaged.value).endswith("delete it to start afresh")
+
+
+def test_the_cli_refuses_a_contradicting_option_with_one_error_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from yolov5_smddp import cli
+
+    last = _checkpoint(tmp_path, ["--cfg", "yolov5n", "--epochs", "4"])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--resume", str(last), "--epochs", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --epochs 100 contradicts the run being resumed ({last}: 4); resume without --epochs, or start "
+        f"a new run from its weights with --weights {last}\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["exp"]  # nothing new made
