@@ -8,6 +8,7 @@ name in the same folder and renamed over the old one, so a reader never sees hal
 
 from __future__ import annotations
 
+import pickle
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,19 +90,33 @@ def save_checkpoint(folder: Path, state: dict[str, Any], *, best: bool = False) 
 
 def interrupted_message(when: str, folder: Path) -> str:
     """What a run stopped by SIGTERM prints: `when` is "in epoch 3" or "after epoch 2"."""
-    return f"interrupted {when}: checkpoint {folder / LAST} written; run the same command again to resume"
+    return (
+        f"interrupted {when}: checkpoint {folder / LAST} written; resume with --resume {folder / LAST} "
+        f"(a job given --checkpoint-dir {folder} resumes it by itself)"
+    )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one of our checkpoints (weights_only: no code runs). WeightsError when it is not one."""
+    weights_hint = (
+        f"weights (a model folder's best.pt, the release's .pt) start a new run with --weights {path}"
+    )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, not a torch file, or containing objects that are not plain data
+    except pickle.UnpicklingError as exc:  # objects that are not plain data: never ours, never unpickled
         raise WeightsError(
-            f"checkpoint {path} cannot be read safely ({exc}); delete it to start afresh"
+            f"checkpoint {path} is not a yolov5-smddp training checkpoint: it holds pickled objects; "
+            f"{weights_hint}"
+        ) from exc
+    except Exception as exc:  # truncated, not a torch file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise WeightsError(
+            f"checkpoint {path} cannot be read ({reason}); a damaged last.pt: delete it to start afresh"
         ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise WeightsError(f"checkpoint {path} is not a yolov5-smddp training checkpoint (format {FORMAT})")
+        raise WeightsError(
+            f"checkpoint {path} is not a yolov5-smddp training checkpoint (format {FORMAT}); {weights_hint}"
+        )
     return state
 
 

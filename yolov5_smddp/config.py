@@ -196,6 +196,22 @@ def _layer_list(text: str) -> list[int]:
     return parse_int_list(text, what="a layer count or a list of layer indices")
 
 
+class _JoinLists(argparse.Action):
+    """`--freeze 0 1 2` (nargs="+", each word a list): the words' lists joined into one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, [item for part in values for item in part])
+
+
+def _resume_value(text: str) -> str | None:
+    """`--resume PATH`; `--resume true` (a SageMaker hyperparameter) is the bare `--resume` ("": the newest
+    last.pt of the run folder); `--resume false` is no resume."""
+    value = _unquote(text)
+    if value.lower() in ("true", "1"):
+        return ""
+    return None if value.lower() in ("false", "0", "none", "null") else value
+
+
 def parse_overrides(text: str) -> dict[str, float]:
     """'lr0=0.02,mosaic=0' or a JSON object '{"lr0": 0.02}' → {key: float}."""
     value = _unquote(text)
@@ -244,6 +260,41 @@ def _optional_cache(text: str) -> str | None:
     return _choice(CACHE_MODES)(value)
 
 
+RESUME_FROM_COMMAND: tuple[str, ...] = (
+    # where the run writes and reads its caches
+    "project",
+    "name",
+    "exist_ok",
+    "model_dir",
+    "output_dir",
+    "checkpoint_dir",
+    "cache_dir",
+    "tensorboard_dir",
+    "run_name",
+    # the machine it runs on: the same model, data and schedule, computed there
+    "workers",
+    "cache",
+    "amp",
+    "backend",
+    "channels_last",
+    "compile",
+    "color_aug",
+    "jpeg_restart_cache",
+    "dist_timeout",
+    # what it reports and keeps
+    "log_every",
+    "noplots",
+    "save_period",
+    "max_nonfinite_steps",
+    "inject_nonfinite_step",
+    "inject_epoch_seconds",
+    "resume",
+)
+"""The options a resumed run takes from its command line (given or default): where it writes, the
+machine's settings, what it reports. Every other option is the run's, from its checkpoint; one given on
+the command line with another value is refused (`resume_run`)."""
+
+
 def option(
     default: Any = dataclasses.MISSING,
     *,
@@ -288,8 +339,20 @@ class TrainConfig:
     """keep the model's anchors as they are (no best-possible-recall check, no anchor fitting)."""
     single_cls: bool = option(False, help="train every class as one class 'item'")
     """train every class as class 0 (names ['item'] unless the dataset has one class)."""
-    resume: str | None = option(None, help="resume from this training checkpoint (last.pt)")
-    """resume from this training checkpoint (a last.pt) instead of looking in --checkpoint-dir."""
+    resume: str | None = option(
+        None,
+        help="resume a run from its checkpoint (a last.pt; alone: the newest last.pt under --project, or in "
+        "--checkpoint-dir): the run's options, data, model, epoch and schedule come from it; an option "
+        "given that contradicts the run is refused, except: "
+        + ", ".join("--" + n.replace("_", "-") for n in RESUME_FROM_COMMAND if not n.startswith("inject")),
+        parse=_resume_value,
+        nargs="?",
+        const="",
+        metavar="PATH",
+    )
+    """resume a run from this training checkpoint: its options, data, model, epoch and schedule come from
+    the checkpoint (`resume_run`); "" (a bare `--resume`) is the newest last.pt of the run folder
+    (`resume_source`). Only RESUME_FROM_COMMAND options come from the command line."""
     save_period: int = option(-1, help="keep every N-th epoch's checkpoint as epochN.pt (-1: off)")
     """also keep the checkpoint of every N-th epoch as epoch{N}.pt in --checkpoint-dir (-1: off)."""
     hyp: str = option(
@@ -330,7 +393,11 @@ class TrainConfig:
     patience: int = option(100, help="early-stopping patience in epochs (0 = off)")
     """early stopping: epochs without fitness improvement (0 disables)."""
     freeze: list[int] = option(
-        factory=list, help="freeze the first N layers, or a list of layer indices", parse=_layer_list
+        factory=list,
+        help="freeze the first N layers (--freeze 10), or the layers listed (--freeze 0 1 2, or 0,1,2)",
+        parse=_layer_list,
+        nargs="+",
+        action=_JoinLists,
     )
     """layer indices to freeze; a single value n freezes layers 0..n-1 (the release's meaning)."""
     seed: int = option(0)
@@ -393,12 +460,25 @@ class TrainConfig:
     """wrap the model in torch.compile."""
     log_every: int = option(50, help="metric line every N steps")
     """print a metric line (the only time losses are read back from the device) every N micro-steps."""
+    project: str = option("runs/train", help="run folders go under this folder (default runs/train)")
+    """the folder of run folders (the release's --project); relative to the working folder."""
+    name: str = option("exp", help="run folder name: PROJECT/NAME, NAME2, NAME3 ... (default exp)")
+    """the run folder is project/name, or name2, name3 ... when it exists (unless --exist-ok); it holds
+    model/, output/ and checkpoints/ for each of --model-dir/--output-dir/--checkpoint-dir not given."""
+    exist_ok: bool = option(
+        False,
+        help="reuse PROJECT/NAME (and a given --checkpoint-dir) and start afresh there: its checkpoints are "
+        "overwritten, not resumed",
+    )
+    """reuse project/name as it is instead of the next free name; a last.pt in the checkpoint folder is
+    not resumed (the run starts afresh and overwrites it)."""
     model_dir: str | None = option(None)
-    """final weights, resolved config and metrics.json."""
+    """final weights, resolved config and metrics.json (default: the run folder's model/)."""
     output_dir: str | None = option(None)
-    """results.csv and plots."""
+    """results.csv and plots (default: the run folder's output/)."""
     checkpoint_dir: str | None = option(None)
-    """last/best training checkpoints; a valid `last` here is resumed automatically."""
+    """last/best training checkpoints (default: the run folder's checkpoints/); a valid `last.pt` in a
+    given --checkpoint-dir is resumed automatically (SageMaker restarts), unless --exist-ok."""
     cache_dir: str | None = option(
         None,
         help="label caches and the embedded dataset (default $XDG_CACHE_HOME/yolov5-smddp, else "
@@ -430,6 +510,9 @@ class TrainConfig:
     """test hook (hidden from --help): make the loss NaN from this micro-step on."""
     inject_epoch_seconds: float | None = option(None, hidden=True)
     """test hook (hidden from --help): with --time, every epoch counts this many seconds (budget.py)."""
+    given: frozenset[str] = field(default=frozenset(), repr=False, compare=False, metadata={"cli": None})
+    """the fields given on the command line (`config_from_namespace`); a resume keeps the run's value of
+    every other. Not an option, not recorded."""
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 1, "--epochs", self.epochs, "must be >= 1")
@@ -501,8 +584,8 @@ class TrainConfig:
             self.freeze = list(range(self.freeze[0]))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able copy of every field (what checkpoints and the model folder record)."""
-        return dataclasses.asdict(self)
+        """JSON-able copy of every option (what checkpoints and the model folder record)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "given"}
 
 
 def _opt(name: str) -> str:
@@ -622,6 +705,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     (defaults stay None so the dataclass owns them)."""
     hints = get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
+        if f.metadata.get("cli") is None:  # `given`: not an option
+            continue
         cli = dict(f.metadata["cli"])
         parse, flags = cli.pop("parse"), cli.pop("flags")
         if not flags:
@@ -636,9 +721,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_namespace(namespace: argparse.Namespace) -> TrainConfig:
     """Build a TrainConfig from parsed options; options left unset take the dataclass defaults."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = {f.name for f in dataclasses.fields(TrainConfig) if f.name != "given"}
     given = {k: v for k, v in vars(namespace).items() if k in names and v is not None}
-    return TrainConfig(**given)
+    return TrainConfig(**given, given=frozenset(given))
 
 
 def parse_train_args(argv: list[str]) -> TrainConfig:
@@ -646,6 +731,86 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
     parser = ConfigArgumentParser(prog="yolov5-smddp train", allow_abbrev=False, add_help=False)
     add_train_arguments(parser)
     return config_from_namespace(parser.parse_args(list(argv)))
+
+
+# ------------------------------------------------------------------------------------------ resume
+
+
+def same_data(given: str | None, theirs: str | None) -> bool:
+    """Whether the data option `given` names the run's dataset `theirs`: the same path, or a data.yaml of
+    the same bytes elsewhere (a moved dataset, SageMaker's rebased copy under another cache folder), or
+    the run's file no longer exists (the dataset moved: `given` is where it is now)."""
+    if given == theirs:
+        return True
+    if given is None or theirs is None:
+        return False
+    mine, runs = Path(given), Path(theirs)
+    if not runs.is_file():
+        return mine.is_file()
+    if not mine.is_file() or mine.stat().st_size != runs.stat().st_size or mine.stat().st_size > 1 << 24:
+        return False
+    return mine.read_bytes() == runs.read_bytes()
+
+
+def resume_run(command: TrainConfig, saved: Mapping[str, Any], source: Path) -> TrainConfig:
+    """The config of the run resumed from checkpoint `source`: the run's options as `saved` (the
+    checkpoint's "config") records them, with RESUME_FROM_COMMAND's from `command`. ConfigError naming the
+    option when `command` gives another one a value the run did not have (the data by `same_data`)."""
+    known = {f.name for f in dataclasses.fields(TrainConfig) if f.name != "given"}
+    values = {k: v for k, v in saved.items() if k in known}  # a field newer than the checkpoint: its default
+    values.update({name: getattr(command, name) for name in RESUME_FROM_COMMAND})
+    run = TrainConfig(**values, given=command.given)
+    run.freeze = list(saved.get("freeze", run.freeze))  # recorded expanded: `--freeze 1` is [0], not [] again
+    run.resume = str(source)
+    for name in sorted(command.given - set(RESUME_FROM_COMMAND)):
+        mine, theirs = getattr(command, name), getattr(run, name)
+        if name == "data" and same_data(mine, theirs):
+            run.data = mine
+        elif mine != theirs:
+            raise ConfigError(
+                f"{_opt(name)} {_shown(mine)} contradicts the run being resumed ({source}: {_shown(theirs)}); "
+                f"resume without {_opt(name)}, or start a new run from its weights with --weights {source}"
+            )
+    return run
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "none"
+    return "the default (none)" if value is None else str(value)
+
+
+def resume_source(config: TrainConfig, cwd: Path) -> Path | None:
+    """The checkpoint `--resume` names: its path, or for a bare `--resume` the newest last.pt in
+    --checkpoint-dir or in the run folders under --project; None without --resume. ConfigError when there
+    is none."""
+    if config.resume is None:
+        return None
+    if config.resume:
+        path = Path(config.resume)
+        if not path.is_file():
+            raise ConfigError(f"--resume {config.resume}: no such file")
+        return path
+    if config.checkpoint_dir:
+        candidates = [Path(config.checkpoint_dir) / "last.pt"]
+        where = f"--checkpoint-dir {config.checkpoint_dir}"
+    else:
+        candidates = list((cwd / config.project).glob("*/checkpoints/last.pt"))
+        where = f"the run folders under {cwd / config.project}"
+    found = [p for p in candidates if p.is_file()]
+    if not found:
+        raise ConfigError(f"--resume: no last.pt in {where}; give the checkpoint: --resume PATH/last.pt")
+    return max(found, key=lambda p: p.stat().st_mtime_ns)
+
+
+def run_folder(project: Path, name: str, exist_ok: bool) -> Path:
+    """project/name, or with it taken (and not `exist_ok`) the first free of name2, name3, ... (the
+    release's run folders)."""
+    folder = project / name
+    number = 2
+    while not exist_ok and folder.exists():
+        folder, number = project / f"{name}{number}", number + 1
+    return folder
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -657,25 +822,38 @@ class OutputDirs:
     checkpoint_dir: Path
     cache_dir: Path
     tensorboard_dir: Path | None = None
+    resume_from: Path | None = None
+    """the checkpoint --resume names (`resume_source`); None without --resume."""
 
 
 def resolve_output_dirs(
     config: TrainConfig, cwd: Path, environ: Mapping[str, str] | None = None, home: Path | None = None
 ) -> OutputDirs:
-    """The folders a run writes to: the given ones, else `runs/train/<kind>` under `cwd`; the cache folder
-    defaults to the user's (`data.cache.default_cache_dir` of `environ`, default os.environ, and `home`)."""
+    """The folders a run writes to: the given ones, else model/, output/ and checkpoints/ of its run folder.
+    The run folder: with --resume, the resumed run's (the checkpoint's folder's parent when that folder is
+    `checkpoints`, else the checkpoint's folder); else `run_folder` of --project/--name under `cwd`. Every
+    rank resolves it before the process group forms, so all of them find the same free name (rank 0 makes
+    the folders later). The cache folder defaults to the user's (`data.cache.default_cache_dir` of
+    `environ`, default os.environ, and `home`)."""
     from yolov5_smddp.data.cache import default_cache_dir
 
-    base = cwd / "runs" / "train"
     cache = default_cache_dir(os.environ if environ is None else environ, home or Path.home())
+    resumed = resume_source(config, cwd)
+    if resumed is not None:
+        checkpoints = resumed.parent
+        run = checkpoints.parent if checkpoints.name == "checkpoints" else checkpoints
+    else:
+        run = run_folder(cwd / config.project, config.name, config.exist_ok)
+        checkpoints = run / "checkpoints"
 
     def given_or(value: str | None, default: Path) -> Path:
         return Path(value) if value else default
 
     return OutputDirs(
-        model_dir=given_or(config.model_dir, base / "model"),
-        output_dir=given_or(config.output_dir, base / "output"),
-        checkpoint_dir=given_or(config.checkpoint_dir, base / "checkpoints"),
+        model_dir=given_or(config.model_dir, run / "model"),
+        output_dir=given_or(config.output_dir, run / "output"),
+        checkpoint_dir=given_or(config.checkpoint_dir, checkpoints),
         cache_dir=given_or(config.cache_dir, cache),
         tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
+        resume_from=resumed,
     )

@@ -36,7 +36,16 @@ from torch import nn
 from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.budget import TimeBudget, counting_clock
-from yolov5_smddp.config import BatchPlan, OutputDirs, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
+from yolov5_smddp.config import (
+    BatchPlan,
+    OutputDirs,
+    TrainConfig,
+    load_hyp,
+    plan_batch,
+    resume_run,
+    same_data,
+    unused_hyp_warnings,
+)
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
 from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
 from yolov5_smddp.ema import ModelEMA, unwrap
@@ -457,30 +466,68 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     if config.cfg:
         load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
-    for option, value in (("--weights", config.weights), ("--resume", config.resume)):
-        if value and not Path(value).is_file():
-            raise ConfigError(f"{option} {value}: no such file")
+    if config.weights and not Path(config.weights).is_file():
+        raise ConfigError(f"--weights {config.weights}: no such file")
     from yolov5_smddp.data.color import runs_on_device
 
     return Decisions(hyp, plan, backend, device_type, amp, runs_on_device(config.color_aug, device_type))
 
 
+AUTO_RESUME_MUST_MATCH = ("cfg", "weights", "data")
+"""Options that, given on the command line, must be those of the run a checkpoint folder holds before that
+run is resumed automatically (anything else takes the command's value, as a restarted job passes it)."""
+
+
 def resumable_checkpoint(
     config: TrainConfig, dirs: OutputDirs, main: bool
-) -> tuple[Path | None, dict | None]:
-    """The checkpoint this run resumes from (--resume, else a valid checkpoint_dir/last.pt) and its
-    contents, read before the model exists (its model_cfg defines the model); (None, None) for a fresh run.
-    With --resume, rank 0 copies the resumed run's best.pt into checkpoint_dir (unless one is there)."""
-    path = Path(config.resume) if config.resume else checkpoint.find_resumable(dirs.checkpoint_dir)
+) -> tuple[TrainConfig, Path | None, dict | None]:
+    """The run's config, the checkpoint it resumes from and that checkpoint's contents, read before the
+    model exists (its model_cfg defines the model); (config, None, None) for a fresh run.
+
+    --resume (dirs.resume_from): the resumed run's options (config.resume_run: a contradicting option is a
+    ConfigError), refused when that run has finished; rank 0 copies its best.pt into checkpoint_dir
+    (unless one is there). Else a last.pt in checkpoint_dir is resumed automatically (a restarted job)
+    unless --exist-ok, and only when every AUTO_RESUME_MUST_MATCH option given is the run's: a ConfigError
+    says how to resume it or start afresh otherwise."""
+    if dirs.resume_from is not None:
+        path = dirs.resume_from
+        saved = checkpoint.load_checkpoint(path)
+        config = resume_run(config, saved["config"], path)
+        planned = saved.get("planned_epochs") or config.epochs
+        if int(saved["epoch"]) >= planned:
+            raise ConfigError(
+                f"--resume {path}: that run has finished its {planned} epochs, nothing to resume; to train "
+                f"on from its weights start a new run with --weights {path}"
+            )
+        best_before = path.with_name(checkpoint.BEST)
+        if main and best_before.is_file():  # the resumed run's best comes along
+            dirs.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
+                shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
+        return config, path, saved
+    path = None if config.exist_ok else checkpoint.find_resumable(dirs.checkpoint_dir)
     if path is None:
-        return None, None
+        return config, None, None
     saved = checkpoint.load_checkpoint(path)
-    best_before = path.with_name(checkpoint.BEST)
-    if main and config.resume and best_before.is_file():  # the resumed run's best comes along
-        dirs.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
-            shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
-    return path, saved
+    theirs = saved.get("config", {})
+    differ = [
+        name
+        for name in AUTO_RESUME_MUST_MATCH
+        if getattr(config, name) is not None
+        and (
+            not same_data(config.data, theirs.get("data"))
+            if name == "data"
+            else getattr(config, name) != theirs.get(name)
+        )
+    ]
+    if differ:
+        given = ", ".join(f"--{n} {getattr(config, n)}" for n in differ)
+        runs = ", ".join(f"--{n} {theirs.get(n) or '(none)'}" for n in differ)
+        raise ConfigError(
+            f"{path} holds a run with {runs}, not {given}: to continue that run, --resume {path}; to start "
+            f"afresh, --exist-ok (overwrites its checkpoints) or another --checkpoint-dir"
+        )
+    return config, path, saved
 
 
 def build_detection_model(
@@ -572,6 +619,7 @@ class Run:
         return {
             "model": unwrap(self.model).state_dict(),
             "model_cfg": unwrap(self.model).cfg,
+            "names": list(unwrap(self.model).names),
             "ema": self.stack.ema.state_dict(),
             "optimizer": self.stack.optimizer.state_dict(),
             "scaler": self.stack.scaler.state_dict(),
@@ -607,7 +655,9 @@ def resume(run: Run, resumable: Path | None, saved: dict[str, Any] | None) -> ch
                 f"checkpoint {resumable} does not fit this model/optimizer ({exc}); "
                 f"use another --checkpoint-dir or delete it"
             ) from exc
-        run.stack.scaler.load_state_dict(saved["scaler"])
+        scaler_line = restore_scaler(run.stack.scaler, saved["scaler"])
+        if run.main and scaler_line:
+            log.info("%s", scaler_line)
         state = checkpoint.RunState.from_checkpoint(saved)
         if run.main and saved.get("rng") is not None:
             checkpoint.restore_rng_state(saved["rng"])
@@ -629,6 +679,23 @@ def resume(run: Run, resumable: Path | None, saved: dict[str, Any] | None) -> ch
             f"--checkpoint-dir {run.dirs.checkpoint_dir} must hold the same last.pt on every node"
         )
     return state
+
+
+def restore_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> str | None:
+    """Load a checkpoint's loss-scaler state into `scaler` across AMP modes: fp16 runs save a scale, bf16
+    and fp32 runs an empty dict. Returns the line to log when the modes differ (None when they agree):
+    fp16 after bf16/fp32 starts the scale afresh, bf16/fp32 after fp16 has no scale to keep."""
+    if saved and scaler.is_enabled():
+        scaler.load_state_dict(saved)
+        return None
+    if not saved and not scaler.is_enabled():
+        return None
+    if scaler.is_enabled():
+        return (
+            f"amp: the checkpoint was trained without loss scaling (bf16 or fp32); fp16 starts its loss "
+            f"scale afresh at {scaler.get_scale():g}"
+        )
+    return f"amp: the checkpoint's fp16 loss scale {float(saved.get('scale', 0.0)):g} is not needed now"
 
 
 def build_step(run: Run) -> TrainStep:
@@ -902,6 +969,9 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
 def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, stop: _StopOnSigterm) -> int:
     started = time.perf_counter()
 
+    # -- the run resumed (--resume: its options; a checkpoint_dir/last.pt of the same run), else a new one
+    config, resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
+
     # -- decisions: every config problem fails here, before any work
     decided = decide(config, info)
 
@@ -924,7 +994,6 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
         )
 
     # -- model (from the resumed checkpoint's model_cfg, else --cfg/--weights), loss, EMA, optimizer; resume
-    resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
     model = build_detection_model(
         config,
         bundle,

@@ -5,7 +5,8 @@ each host, starts one container per host with docker compose, and packs /opt/ml/
 the file:// output path: the contract SageMaker uses. One run per SDK configuration of issue 16 (1 host; 2 hosts
 with our launcher; 2 hosts with the SMDDP distribution = the toolkit's mpirun over ssh; 2 hosts with
 torch_distributed = the toolkit's torchrun), one with a `training` channel holding a release-format
-labels.cache and one whose `training` channel is images + a COCO JSON. No AWS: fake credentials, a region, telemetry opted out (the SDK's TelemetryOptOut default).
+labels.cache, one whose `training` channel is images + a COCO JSON, and one fine-tuning from the release's
+yolov5n.pt given as a `weights` channel. No AWS: fake credentials, a region, telemetry opted out (the SDK's TelemetryOptOut default).
 
 Not tested here, because local mode cannot do it: a spot-style restart. The SDK refuses checkpoint_s3_uri and
 checkpoint_local_path in local mode ("not supported in local mode"), mounts no /opt/ml/checkpoints, has no
@@ -104,9 +105,18 @@ def _local_mode_network(client) -> Iterator[None]:
 
 
 def _sdk_fit(
-    client, image: str, tmp_path: Path, capsys, *, instance_count: int, distribution=None, inputs=None
+    client,
+    image: str,
+    tmp_path: Path,
+    capsys,
+    *,
+    instance_count: int,
+    distribution=None,
+    inputs=None,
+    hyperparameters: dict[str, str | None] | None = None,
 ):
-    """fit() in local mode, bounded: (the job's output, the model.tar.gz member names, seconds)."""
+    """fit() in local mode, bounded: (the job's output, the model.tar.gz member names, seconds).
+    `hyperparameters` change TINY_HPS (a None value removes the key)."""
     import boto3
 
     code = tmp_path / "code"  # what /opt/ml/code becomes: only the program, the package is the image's
@@ -124,7 +134,7 @@ def _sdk_fit(
         role="arn:aws:iam::111111111111:role/LocalModeNeedsNoRole",
         instance_type="local",
         instance_count=instance_count,
-        hyperparameters=dict(TINY_HPS),
+        hyperparameters={k: v for k, v in {**TINY_HPS, **(hyperparameters or {})}.items() if v is not None},
         output_path=f"file://{tmp_path / 'out'}",
         sagemaker_session=session,
         base_job_name="yolov5-smddp-sdk-test",
@@ -247,3 +257,33 @@ def test_sdk_v2_local_mode_with_a_coco_json_training_channel(client, image, engi
     assert "reading its COCO JSON instances.json" in log, log[-6000:]
     assert "dataset check train (/opt/ml/input/data/training/instances.json): 16 images, 16 usable" in log
     assert {p.relative_to(channel): p.stat().st_mtime_ns for p in channel.rglob("*")} == before
+
+
+RELEASE_YOLOV5N = REPO / "tests" / "fixtures" / "release_models" / "yolov5n.pt"
+
+
+def test_sdk_v2_local_mode_fine_tunes_from_a_release_checkpoint_in_a_weights_channel(
+    client, image, tmp_path, capsys, no_aws
+):
+    """The pretrained weights as users give them: the release's own pickled yolov5n.pt (COCO's 80 classes)
+    in a `weights` channel, and `weights: yolov5n.pt` relative to it; no `cfg`: the checkpoint's
+    architecture, its Detect rows for the dataset's classes, the checkpoint's anchors."""
+    channel = tmp_path / "weights"
+    channel.mkdir()
+    shutil.copyfile(RELEASE_YOLOV5N, channel / "yolov5n.pt")
+    log, members, best, _ = _sdk_fit(
+        client,
+        image,
+        tmp_path,
+        capsys,
+        instance_count=1,
+        inputs={"weights": f"file://{channel}"},
+        hyperparameters={"cfg": None, "weights": "yolov5n.pt"},
+    )
+    _assert_trained(log, members, best, 1)
+    assert "weights: yolov5n.pt from channel /opt/ml/input/data/weights (release)" in log, log[-6000:]
+    assert re.search(
+        r"model: yolov5n from weights /opt/ml/input/data/weights/yolov5n.pt \(nc 80→\d+, anchors from the "
+        r"checkpoint\); transferred \d+/\d+ tensors",
+        log,
+    ), log[-6000:]

@@ -166,11 +166,15 @@ def test_long_thin_boxes_get_fitted_anchors_that_survive_finetuning(tmp_path):
     kept = load_weights(tmp_path / "again" / "model" / "best.pt").state_dict["model.24.anchors"].float()
     torch.testing.assert_close(kept, anchors)
     print(f"thin boxes: best possible recall {before} -> {after}")
-    # --resume PATH: another checkpoint folder, the architecture and anchors of the checkpoint, no AutoAnchor
+    # --resume PATH: another checkpoint folder, the architecture and anchors of the checkpoint, no AutoAnchor;
+    # the run's options from the checkpoint (made a 2-epoch run stopped after epoch 1: a finished run is refused)
+    fit_last = tmp_path / "fit" / "checkpoint" / "last.pt"
+    state = torch.load(fit_last, weights_only=True)
+    state["config"]["epochs"] = 2
+    torch.save(state, fit_last)
     resumed = _train(
         tmp_path / "resumed",
-        *("--resume", str(tmp_path / "fit" / "checkpoint" / "last.pt"), "--data", str(data)),
-        *("--epochs", "2", "--noval", "--save-period", "1"),
+        *("--resume", str(fit_last), "--data", str(data), "--noval", "--save-period", "1"),
     )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "at epoch 2" in resumed.stdout

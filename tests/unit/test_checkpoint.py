@@ -62,7 +62,8 @@ def test_interrupted_message_names_the_checkpoint_and_how_to_resume(tmp_path):
     from yolov5_smddp.checkpoint import interrupted_message
 
     assert interrupted_message("after epoch 2", tmp_path) == (
-        f"interrupted after epoch 2: checkpoint {tmp_path / 'last.pt'} written; run the same command again to resume"
+        f"interrupted after epoch 2: checkpoint {tmp_path / 'last.pt'} written; resume with --resume {tmp_path / 'last.pt'} "
+        f"(a job given --checkpoint-dir {tmp_path} resumes it by itself)"
     )
 
 

@@ -105,7 +105,10 @@ def test_config_is_kw_only_and_serialisable(tmp_path):
     d = TrainConfig(epochs=2).to_dict()
     assert d["epochs"] == 2 and d["freeze"] == []
     dirs = resolve_output_dirs(TrainConfig(model_dir="/m"), tmp_path, {}, Path("/home/me"))
-    assert str(dirs.model_dir) == "/m" and dirs.checkpoint_dir == tmp_path / "runs" / "train" / "checkpoints"
+    assert (
+        str(dirs.model_dir) == "/m"
+        and dirs.checkpoint_dir == tmp_path / "runs" / "train" / "exp" / "checkpoints"
+    )
     # caches: the user's cache folder, never the run folder nor a dataset
     assert dirs.cache_dir == Path("/home/me/.cache/yolov5-smddp")
     xdg = resolve_output_dirs(TrainConfig(), tmp_path, {"XDG_CACHE_HOME": "/xdg"}, Path("/home/me"))
@@ -159,7 +162,7 @@ def test_every_option_comes_from_a_field():
 
     add_train_arguments(parser)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}
-    assert set(actions) == {f.name for f in fields(TrainConfig)}
+    assert set(actions) == {f.name for f in fields(TrainConfig)} - {"given"}
     assert all(a.default is None for a in actions.values())
     assert actions["batch_per_gpu"].option_strings == ["--batch-per-gpu", "--batch_per_gpu"]
     assert actions["imgsz"].option_strings == ["--imgsz", "--img-size", "--img_size", "--img"]

@@ -1,8 +1,10 @@
 """Checkpoint I/O for models: our own weights format, and the release's `.pt` files read safely.
 
 Ours: `torch.save` of {"format", "state_dict": plain tensors, "meta": JSON-able metadata}, written
-atomically and read back with `torch.load(weights_only=True)`. The release's `.pt` (pickled model
-objects) goes through the allow-listed reader in `release_pickle`.
+atomically and read back with `torch.load(weights_only=True)`. Our training checkpoints (`last.pt`,
+`epochN.pt`, the checkpoint folder's `best.pt`: checkpoint.py) are read the same way and give their EMA
+weights. The release's `.pt` (pickled model objects) goes through the allow-listed reader in
+`release_pickle`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.checkpoint import FORMAT as TRAINING_CHECKPOINT_FORMAT
 from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.blocks import Conv
@@ -31,7 +34,7 @@ _ACTIVATION_NAMES = activation_names()
 @dataclass(frozen=True)
 class LoadedWeights:
     """What a weights file holds. `cfg` / `nc` / `names` are None when the file does not say (a bare
-    state dict); `source` is "yolov5-smddp", "release" or "state_dict"."""
+    state dict); `source` is "yolov5-smddp", "training checkpoint", "release" or "state_dict"."""
 
     state_dict: dict[str, torch.Tensor]
     cfg: dict | None
@@ -142,6 +145,8 @@ def load_weights(path: str | Path) -> LoadedWeights:
         if isinstance(cfg, dict) and "layers" in cfg:
             cfg = config_from_first_layout(cfg, path)
         return LoadedWeights(obj["state_dict"], cfg, meta.get("nc"), meta.get("names"), "yolov5-smddp", meta)
+    if isinstance(obj, dict) and obj.get("format") == TRAINING_CHECKPOINT_FORMAT:
+        return _from_training_checkpoint(obj, path)
     if (
         isinstance(obj, dict)
         and obj
@@ -149,6 +154,21 @@ def load_weights(path: str | Path) -> LoadedWeights:
     ):
         return LoadedWeights(dict(obj), None, None, None, "state_dict")
     raise WeightsError(f"{path}: a torch file, but neither our weights format nor a state dict")
+
+
+def _from_training_checkpoint(state: dict, path: Path) -> LoadedWeights:
+    """The EMA weights of one of our training checkpoints (the weights it validates and best.pt keeps),
+    with its model config; names where the checkpoint records them (0.x checkpoints do not)."""
+    try:
+        weights, cfg = state["ema"]["state_dict"], state["model_cfg"]
+    except (KeyError, TypeError) as exc:
+        raise WeightsError(f"{path}: a training checkpoint without its EMA weights or model config") from exc
+    if isinstance(cfg, dict) and "layers" in cfg:
+        cfg = config_from_first_layout(cfg, path)
+    names = state.get("names")
+    nc = cfg.get("nc") if isinstance(cfg, dict) else None
+    meta = {"epoch": state.get("epoch"), "from": "the EMA of a training checkpoint"}
+    return LoadedWeights(dict(weights), cfg, nc, list(names) if names else None, "training checkpoint", meta)
 
 
 def _is_counter(key: str) -> bool:

@@ -1,5 +1,6 @@
-"""The dataset as the job's channels give it: data.yaml rebased onto the `training` channel (and a
-`validation` channel), and one label scan of both splits before any worker starts."""
+"""The inputs as the job's channels give them: data.yaml rebased onto the `training` channel (and a
+`validation` channel), one label scan of both splits before any worker starts, and the pretrained weights
+of a `weights` (or `model`) channel."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import yaml
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.labels import build_label_index, scan_workers
-from yolov5_smddp.errors import DataError
-from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, SageMakerEnv, channel
+from yolov5_smddp.errors import ConfigError, DataError
+from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, WEIGHTS_CHANNELS, SageMakerEnv, channel
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +105,41 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pi
             r.boxes,
             r.cache,
         )
+
+
+def weights_from_channel(env: SageMakerEnv, weights: str | None) -> Path | None:
+    """The --weights the workers get from a `weights`/`model` channel; None when the job has no such
+    channel (`weights` then stays as given: a path in the image, or none).
+
+    A relative `weights` (`yolov5s.pt`) is a file in the channel; without `weights`, the channel's only
+    top-level `.pt`. The file is read once here (safely: models.weights), so a file that is not usable
+    weights stops the job before any worker starts. ConfigError naming the channel and the files it holds,
+    WeightsError naming the file."""
+    folder = channel(env, WEIGHTS_CHANNELS)
+    if folder is None:
+        return None
+    if not folder.is_dir():
+        raise ConfigError(f"weights channel {folder} is not a folder (is the channel mounted?)")
+    held = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    pts = [name for name in held if name.endswith(".pt")]
+    if weights is not None and Path(weights).is_absolute():
+        return None  # a path in the image or another channel, as given
+    if weights is not None:
+        path = folder / weights
+        if not path.is_file():
+            raise ConfigError(
+                f"--weights {weights}: not in the weights channel {folder} (it holds: {', '.join(held) or 'nothing'})"
+            )
+    elif len(pts) == 1:
+        path = folder / pts[0]
+    else:
+        raise ConfigError(
+            f"weights channel {folder} holds {len(pts)} .pt files ({', '.join(pts) or 'none'}"
+            + (f"; other files: {', '.join(n for n in held if n not in pts)}" if len(held) > len(pts) else "")
+            + "): put one .pt there, or pass --weights NAME"
+        )
+    from yolov5_smddp.models.weights import load_weights  # torch: only for a job with a weights channel
+
+    loaded = load_weights(path)  # WeightsError naming the file when it is not usable weights
+    log.info("weights: %s from channel %s (%s)", path.name, folder, loaded.source)
+    return path

@@ -21,7 +21,7 @@ from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.distributed import DistInfo, detect_dist_info
 from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.hyp_options import fold_hyp_options
-from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml
+from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml, weights_from_channel
 from yolov5_smddp.sagemaker.efa import network_environment
 from yolov5_smddp.sagemaker.env import SageMakerEnv, default_failure_file, read_environment
 from yolov5_smddp.sagemaker.failure import report_failure, report_stop
@@ -155,6 +155,9 @@ def run_job(
         worker_args += ["--run-name", env.job_name]  # names the MLflow run (mlflow_log)
     if data_yaml is not None:
         worker_args += ["--data", str(data_yaml)]
+    weights = weights_from_channel(env, config.weights)
+    if weights is not None:
+        worker_args += ["--weights", str(weights)]
     for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
         folder.mkdir(parents=True, exist_ok=True)
 

@@ -22,6 +22,8 @@ from yolov5_smddp.errors import ConfigError
 DEFAULT_BASE_DIR = Path("/opt/ml")
 TRAIN_CHANNELS = ("training", "train")
 VAL_CHANNELS = ("validation", "val")
+WEIGHTS_CHANNELS = ("weights", "model")
+"""Channels holding the pretrained weights (a .pt: ours, a training checkpoint, or the release's)."""
 WARMPOOL_CACHE_ENV = "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY"
 
 
