@@ -449,9 +449,7 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
             log.warning("%s", warning)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
-    backend, device_type = distributed.resolve(
-        config.backend, cuda, distributed.smddp_importable, prefer_smddp=info.prefer_smddp
-    )
+    backend, device_type = distributed.resolve(config.backend, info, cuda)
     amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
