@@ -450,7 +450,11 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
     backend, device_type = distributed.resolve(config.backend, info, cuda)
-    amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
+    amp = resolve_amp(
+        config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
+    )
+    if info.rank == 0:
+        log.info("amp %s: %s", amp.mode, amp.reason)
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     if config.cfg:
