@@ -98,15 +98,19 @@ def resolve_amp(requested: str, device_type: str, capability: tuple[int, int] | 
 
 
 def prepare_images(
-    imgs: torch.Tensor, device: torch.device, channels_last: bool, color: torch.Tensor | None = None
+    imgs: torch.Tensor, device: torch.device, channels_last: bool | None, color: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there).
-    With `color` (float64 [B, 6], see data.color) imgs are BGR and get their HSV jitter and flips there."""
+    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there), in
+    channels-last memory (`channels_last` True), NCHW memory (False: `--channels-last off`; the loader's
+    batches are channels-last) or the memory format `imgs` has (None). The layout changes on the uint8
+    batch (a quarter of the float copy). With `color` (float64 [B, 6], see data.color) imgs are BGR and
+    get their HSV jitter and flips there."""
     x = imgs.to(device, non_blocking=True)
     if color is not None:
         x = apply_color(x, color)
-    x = x.float().div_(255.0)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    if channels_last is not None:
+        x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return x.float().div_(255.0)
 
 
 # ------------------------------------------------------------------------------------------ train step
@@ -424,7 +428,7 @@ def evaluate(
         if should_stop is not None and should_stop():
             stopped = True
             break
-        x = prepare_images(imgs, device, channels_last=False)
+        x = prepare_images(imgs, device, channels_last=None)  # the loader's layout
         with amp.autocast():
             pred, _raw = model(x)
         height, width = x.shape[-2:]
