@@ -58,6 +58,7 @@ from yolov5_smddp.models.autoanchor import autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import load_model_config
+from yolov5_smddp.runtime import apply_runtime, decide_runtime
 from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.valshard import split_summary
@@ -961,6 +962,17 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
         decided.color_on_device,
         dirs.cache_dir,
     )
+    settings = decide_runtime(
+        cpu_count=os.cpu_count() or 1,
+        local_ranks=info.local_world_size,
+        loader_workers=workers,
+        device_type=device.type,
+        rect=config.rect,
+        multi_scale=config.multi_scale,
+    )
+    apply_runtime(settings)
+    if run.main:
+        log.info("%s", settings.log_line())
     run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
     run.batches_per_epoch = len(train_loader)
     if run.main:
