@@ -452,8 +452,8 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
     leaves last, all bounded. `exit_code` is the run's exit code (its outputs are written), or None
     when the run failed (an exception is on its way out: no barrier, no waiting for peers).
 
-    After a success, a teardown that overruns its limit ends the process: one log line, then
-    os._exit(exit_code). After a failure it is abandoned with a log line (the caller goes on to
+    After a success, a teardown that overruns its limit ends the process: one log line, MPI finalized
+    when it is initialised (`finalize_mpi`), then os._exit(exit_code). After a failure it is abandoned with a log line (the caller goes on to
     report the failure) and the process is made to end within EXIT_BACKSTOP_S.
     """
     if not is_initialized():
@@ -477,6 +477,7 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
             exit_code,
         )
         _flush_outputs()
+        finalize_mpi()
         os._exit(exit_code)
     log.warning(
         "teardown watchdog: %s failed and did not finish leaving the process group in %.0f s; "
@@ -529,6 +530,32 @@ def _leave(succeeded: bool) -> None:
     _destroy_process_group()
     if succeeded and store is not None and host is not None:
         _host_leaves_last(store, me == host, me, world, STORE_HOST_WAIT_S)
+
+
+def finalize_mpi(limit_s: float = BACKSTOP_S) -> bool:
+    """Finalize MPI when this process initialised it and has not finalized it; True when it did.
+
+    Under `python -m mpi4py` (the SMDDP launch) mpi4py finalizes MPI at interpreter exit, which os._exit
+    skips; Open MPI's mpirun then counts the rank as ended without MPI_Finalize and fails the job whatever
+    its exit code. MPI_Finalize waits for the other ranks, so faulthandler bounds it: after `limit_s` every
+    stack goes to stderr and the process ends with exit code 1. Only an mpi4py that is already imported
+    is used (never imported here: importing it would initialise MPI).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        if not mpi.Is_initialized() or mpi.Is_finalized():
+            return False
+        faulthandler.dump_traceback_later(limit_s, exit=True)
+        try:
+            mpi.Finalize()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    except Exception as exc:  # noqa: BLE001 - about to exit; a failed finalize must not stop that
+        log.warning("teardown: MPI_Finalize failed: %s", exc)
+        return False
+    return True
 
 
 def _flush_outputs() -> None:

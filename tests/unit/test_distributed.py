@@ -513,3 +513,37 @@ def test_a_rank_whose_store_host_is_gone_still_leaves(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "teardown: could not tell the store's host: Connection reset by peer"
     ]
+
+
+_FAKE_MPI = (
+    "import sys, types; mpi = types.ModuleType('mpi4py.MPI'); state = {'init': True, 'fin': False}; "
+    "mpi.Is_initialized = lambda: state['init']; mpi.Is_finalized = lambda: state['fin']; "
+    "mpi.Finalize = lambda: (state.update(fin=True), print('MPI_Finalize', flush=True)); "
+    "sys.modules['mpi4py.MPI'] = mpi; "
+)
+
+
+def test_the_watchdogs_exit_finalizes_mpi_first():
+    # under `python -m mpi4py` os._exit would skip mpi4py's MPI_Finalize at exit: mpirun fails such a rank
+    proc = _python(
+        _FAKE_MPI + _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
+        "distributed.teardown(7, limit_s=1); print('not reached')"
+    )
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["MPI_Finalize"]
+
+
+def test_finalize_mpi_only_when_initialised_and_not_finalized(monkeypatch):
+    import types
+
+    calls = []
+    mpi = types.ModuleType("mpi4py.MPI")
+    mpi.Finalize = lambda: calls.append("finalize")
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert distributed.finalize_mpi() is False  # no mpi4py: nothing to do (and it is not imported)
+    assert "mpi4py.MPI" not in sys.modules
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    for initialised, finalized, expected in [(False, False, False), (True, True, False), (True, False, True)]:
+        mpi.Is_initialized, mpi.Is_finalized = (lambda v=initialised: v), (lambda v=finalized: v)
+        assert distributed.finalize_mpi() is expected
+    assert calls == ["finalize"]
