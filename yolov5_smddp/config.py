@@ -450,9 +450,11 @@ class TrainConfig:
     a decoded image at 384 MiB, which every loader worker of every GPU may hold at once; OpenCV itself
     stops only at 2^30 (3 GiB), with an error."""
     amp: AmpMode = option("auto", help="mixed precision: auto, fp16, bf16, off")
-    """mixed precision: auto (bf16 on GPUs that support it, fp16 on older GPUs, off on CPU), fp16, bf16, off."""
+    """mixed precision: auto (bf16 on GPUs of compute capability 8.0 or newer, fp16 on older GPUs, off on
+    CPU), fp16, bf16 (refused on CUDA GPUs below 8.0), off."""
     backend: Backend = option("auto", help="auto, smddp, nccl, gloo")
-    """process-group backend: auto (smddp if importable on CUDA, else nccl on CUDA, else gloo)."""
+    """process-group backend: auto (smddp under SageMaker's SMDDP launch on 2+ ml.p4d/p4de nodes with the
+    library, else nccl on CUDA, gloo on CPU; docs/CLUSTER.md), smddp, nccl, gloo."""
     channels_last: bool = option(True, help="channels_last memory format")
     """use the channels_last memory format for the model and the input batch (faster convolutions with
     AMP on GPUs and with oneDNN on CPUs: yolov5n b8@320 CPU step 435 vs 458 ms fp32; `false` to disable)."""

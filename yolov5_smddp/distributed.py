@@ -1,7 +1,8 @@
 """Everything distributed: where this process sits (rank/world from torchrun or Open MPI), which backend
 to use (smddp / nccl / gloo), process-group init and teardown, and the few collectives the trainer needs.
 
-This is the ONLY module that imports `smdistributed` or reads RANK / LOCAL_RANK / WORLD_SIZE / OMPI_*.
+This is the ONLY module that imports `smdistributed` or reads RANK / LOCAL_RANK / WORLD_SIZE / OMPI_* /
+SMDATAPARALLEL_* / SAGEMAKER_INSTANCE_TYPE. The sources of the SMDDP facts used here are in docs/CLUSTER.md.
 Rules kept for SMDDP's sake everywhere: `barrier()` never takes `device_ids`, and no sub-group is ever
 created (`new_group` breaks SMDDP); every collective runs on the default group.
 """
@@ -25,6 +26,12 @@ from yolov5_smddp.errors import ConfigError
 
 SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
 DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
+SMDDP_LAUNCH_FLAGS = ("SMDATAPARALLEL_USE_SINGLENODE", "SMDATAPARALLEL_USE_HOMOGENEOUS")
+"""The toolkit's SMDDP runner (distributions `smdistributed` and `pytorchddp`) exports one of these to every
+rank it starts with mpirun + smddprun (one node: SINGLENODE, several: HOMOGENEOUS)."""
+SMDDP_INSTANCE_TYPES = frozenset({"ml.p4d.24xlarge", "ml.p4de.24xlarge"})
+"""Where `--backend auto` picks SMDDP: the types AWS lists with SMDDP's optimisations. ml.p3dn.24xlarge runs
+SMDDP "without its optimisations" (so NCCL, with nothing to gain from SMDDP there) and its V100s have no bf16."""
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +53,21 @@ class DistInfo:
     """torchrun's agent already serves the TCPStore at master_addr:master_port (workers are clients)."""
     use_libuv: bool = True
     """TCPStore transport; USE_LIBUV=0 for torch builds without libuv (Debian's)."""
+    smddp_launch: bool = False
+    """Started by the SageMaker toolkit's SMDDP runner (mpirun + smddprun: SMDATAPARALLEL_USE_* set)."""
+    instance_type: str | None = None
+    """The SageMaker instance type ("ml.p4d.24xlarge"), None when unknown (no SageMaker job)."""
 
     @property
     def distributed(self) -> bool:
         return self.launcher != "none"
 
     @property
-    def prefer_smddp(self) -> bool:
-        """Started by mpirun (SageMaker's SMDDP distribution): backend auto means smddp when it imports."""
-        return self.launcher == "mpirun"
+    def launch(self) -> str:
+        """How this process was started, as the backend decision sees it: "smddprun" (the SMDDP runner's
+        mpirun), "mpirun" (any other mpirun), "torchrun" (torch's elastic agent: torchrun or our elastic
+        launcher) or "none"."""
+        return "smddprun" if self.smddp_launch else self.launcher
 
     @property
     def nnodes(self) -> int:
@@ -79,9 +92,18 @@ def detect_dist_info(
     default_master: Callable[[], str | None] | str | None = None,
     *,
     hosts_in_job: int | None = None,
+    instance_type: str | None = None,
 ) -> DistInfo:
-    """Where this process sits: torchrun's variables, else Open MPI's, else a single process. The one
-    reader of RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK / OMPI_* / MASTER_ADDR / MASTER_PORT.
+    """Where this process sits: torch's elastic agent's variables, else Open MPI's, else a single process.
+    The one reader of RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK / OMPI_* / MASTER_ADDR / MASTER_PORT /
+    SMDATAPARALLEL_* / SAGEMAKER_INSTANCE_TYPE.
+
+    torch's agent (torchrun, our elastic launcher) marks its workers with TORCHELASTIC_RUN_ID: their
+    RANK / LOCAL_RANK / LOCAL_WORLD_SIZE are authoritative (an outer mpirun's OMPI_* would be wrong for
+    them). Otherwise Open MPI's variables win whenever present: smddprun may export RANK / WORLD_SIZE
+    without LOCAL_*, and OMPI_COMM_WORLD_LOCAL_RANK / LOCAL_SIZE are then the local place (rank 9 of
+    2 x 8 is local rank 1 of 8, not 9 of 16). RANK / WORLD_SIZE alone (no agent, no Open MPI) are read
+    as torchrun's.
 
     Open MPI exports OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}; its OMPI_COMM_WORLD_NODE_RANK is a
     per-node rank across all jobs, not a node index. mpirun (the SageMaker toolkit's `--host algo-1:N,...`)
@@ -93,20 +115,34 @@ def detect_dist_info(
     Open MPI counts both ranks of a 2 x 1 job as local (LOCAL_SIZE=2, LOCAL_RANK=1 on algo-2), so
     local size = size // hosts and local rank = rank % local size there.
 
-    MASTER_ADDR may be absent (mpirun ranks, or no launcher at all): `default_master` (a host name, or a
-    callable returning one, e.g. the first SageMaker host) supplies it; the caller owns where that comes
-    from, this module never reads /opt/ml.
+    The master: MASTER_ADDR, else SMDATAPARALLEL_SERVER_ADDR (the SMDDP runner's first host, exported to
+    every rank of a multi-node job), else `default_master` (a host name, or a callable returning one, e.g.
+    the first SageMaker host; the caller owns where that comes from, this module never reads /opt/ml).
+    The port: MASTER_PORT, else 7777 on every rank. The toolkit exports MASTER_PORT=7777 only to the first
+    host's ranks (mpirun forwards only its `-x` variables over ssh), so every rank must arrive at 7777 by
+    itself; SMDDP's own server listens on SMDATAPARALLEL_SERVER_PORT (7592), clear of it.
+
+    `instance_type`: the SageMaker instance type the caller knows (SM_CURRENT_INSTANCE_TYPE);
+    SAGEMAKER_INSTANCE_TYPE, which the SMDDP runner exports to multi-node ranks, comes first.
     """
-    if "RANK" in environ and "WORLD_SIZE" in environ:
+    ompi = "OMPI_COMM_WORLD_RANK" in environ
+    torch_agent = "TORCHELASTIC_RUN_ID" in environ
+    if "RANK" in environ and "WORLD_SIZE" in environ and (torch_agent or not ompi):
         rank, world = _int(environ, "RANK"), _int(environ, "WORLD_SIZE")
         local_rank = _int(environ, "LOCAL_RANK", rank)
         local_world = _int(environ, "LOCAL_WORLD_SIZE", world)
         node_rank = _int(environ, "GROUP_RANK", rank // max(local_world, 1))
         launcher = "torchrun"
-    elif "OMPI_COMM_WORLD_RANK" in environ:
+    elif ompi:
         rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
-        local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", rank)
-        local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
+        for name, value in (("RANK", rank), ("WORLD_SIZE", world)):
+            if name in environ and _int(environ, name) != value:
+                raise ConfigError(
+                    f"environment variable {name}={environ[name]} disagrees with Open MPI's "
+                    f"OMPI_COMM_WORLD_{'RANK' if name == 'RANK' else 'SIZE'}={value}"
+                )
+        local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", _int(environ, "LOCAL_RANK", rank))
+        local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", _int(environ, "LOCAL_WORLD_SIZE", world))
         if hosts_in_job and world % hosts_in_job == 0:
             local_world = world // hosts_in_job
             local_rank = rank % local_world
@@ -118,7 +154,7 @@ def detect_dist_info(
         raise ConfigError(
             f"inconsistent {launcher} environment: rank {rank}/{world}, local rank {local_rank}/{local_world}"
         )
-    master = environ.get("MASTER_ADDR") or None
+    master = environ.get("MASTER_ADDR") or environ.get("SMDATAPARALLEL_SERVER_ADDR") or None
     if master is None:
         master = default_master() if callable(default_master) else default_master
     if master is None:
@@ -132,9 +168,31 @@ def detect_dist_info(
         raise ConfigError(f"environment variable MASTER_PORT={port} must be a port number (1..65535)")
     agent_store = launcher == "torchrun" and environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     use_libuv = environ.get("USE_LIBUV", "1") == "1"
+    smddp_launch = launcher == "mpirun" and any(environ.get(flag) == "1" for flag in SMDDP_LAUNCH_FLAGS)
+    instance_type = environ.get("SAGEMAKER_INSTANCE_TYPE") or instance_type or None
     return DistInfo(
-        rank, local_rank, world, local_world, node_rank, master, port, launcher, agent_store, use_libuv
+        rank,
+        local_rank,
+        world,
+        local_world,
+        node_rank,
+        master,
+        port,
+        launcher,
+        agent_store,
+        use_libuv,
+        smddp_launch,
+        instance_type,
     )
+
+
+def smddp_environment(info: DistInfo, environ: Mapping[str, str]) -> dict[str, str]:
+    """What SMDDP reads that the launch may not have exported (pure): SAGEMAKER_INSTANCE_TYPE (the runner
+    exports it only to multi-node jobs; AWS's own SMDDP tests set it when it is missing). Set before the
+    library is imported (`smddp_importable`)."""
+    if info.instance_type and "SAGEMAKER_INSTANCE_TYPE" not in environ:
+        return {"SAGEMAKER_INSTANCE_TYPE": info.instance_type}
+    return {}
 
 
 def smddp_importable() -> bool:
@@ -146,37 +204,109 @@ def smddp_importable() -> bool:
     return True
 
 
-def resolve(
-    requested: str,
-    cuda_available: bool,
-    smddp_available: bool | Callable[[], bool],
-    *,
-    prefer_smddp: bool = False,
-) -> tuple[str, str]:
-    """The one decision of backend and device type: (backend, "cuda" | "cpu").
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend, the device type it runs on ("cuda" | "cpu"), and why (one clause for the log)."""
 
-    auto → smddp when SMDDP imports and CUDA is present, else nccl on CUDA, else gloo; under mpirun
-    (`prefer_smddp`: SageMaker's SMDDP distribution) auto → smddp whenever SMDDP imports (the CPU stand-in
-    too). The device is CUDA for nccl/smddp on a CUDA machine, else the CPU. `smddp_available` may be a
-    callable (e.g. `smddp_importable`): it is called only when the answer matters.
+    backend: str
+    device_type: str
+    reason: str
+
+    def log_line(self) -> str:
+        return f"backend {self.backend} on {self.device_type}: {self.reason}"
+
+
+_SMDDP_MISSING = (
+    f"the SMDDP library ({SMDDP_MODULE}) is not installed in this image; it ships only in {SMDDP_DLCS}"
+)
+
+
+def choose_backend(
+    requested: str,
+    *,
+    cuda: bool,
+    launch: str,
+    instance_type: str | None,
+    nnodes: int,
+    smddp_available: bool | Callable[[], bool],
+) -> BackendChoice:
+    """The backend decision (pure; `smddp_available` may be a callable, asked only when the answer
+    depends on it). `launch` is DistInfo.launch: "smddprun" | "mpirun" | "torchrun" | "none".
+
+    auto: gloo without CUDA; on CUDA smddp only under the SMDDP runner's launch, on more than one node,
+    on an instance type in SMDDP_INSTANCE_TYPES, with the library present; nccl on every other CUDA job
+    (AWS: SMDDP's AllReduce needs the mpirun-based launch, and on one node it is slower than NCCL).
+    smddp asked for: a ConfigError naming why where it cannot work (the library absent; a CUDA job not
+    started by the SMDDP runner, where its AllReduce is not supported). Without CUDA only the test stand-in
+    imports as SMDDP, and it is let through so the CPU suites run the smddp paths.
     """
     if requested not in ("auto", "smddp", "nccl", "gloo"):
         raise ConfigError(f"--backend={requested!r} must be one of auto, smddp, nccl, gloo")
-    wants_smddp = requested == "smddp" or (requested == "auto" and (cuda_available or prefer_smddp))
-    smddp = (smddp_available() if callable(smddp_available) else smddp_available) if wants_smddp else False
-    if requested == "auto":
-        backend = "smddp" if smddp else "nccl" if cuda_available else "gloo"
-    elif requested == "smddp" and not smddp:
-        raise ConfigError(
-            f"--backend smddp: the SMDDP library ({SMDDP_MODULE}) is not installed in this image. "
-            f"It ships only in {SMDDP_DLCS}. Use --backend nccl (or auto) on other images."
-        )
-    elif requested == "nccl" and not cuda_available:
-        raise ConfigError("--backend nccl needs CUDA GPUs; none is visible here (use gloo or auto)")
+    device = "cuda" if cuda else "cpu"
+
+    def available() -> bool:
+        return smddp_available() if callable(smddp_available) else smddp_available
+
+    if requested == "gloo":
+        return BackendChoice("gloo", "cpu", "--backend gloo")
+    if requested == "nccl":
+        if not cuda:
+            raise ConfigError("--backend nccl needs CUDA GPUs; none is visible here (use gloo or auto)")
+        return BackendChoice("nccl", "cuda", "--backend nccl")
+    if requested == "smddp":
+        if cuda and launch != "smddprun":
+            raise ConfigError(
+                f"--backend smddp: this job was started by {launch}, and SMDDP's AllReduce runs only under "
+                "SageMaker's mpirun launch of the distribution smdistributed (or pytorchddp). "
+                "Use --backend nccl (or auto), or launch with that distribution."
+            )
+        if not available():
+            raise ConfigError(
+                f"--backend smddp: {_SMDDP_MISSING}. Use --backend nccl (or auto) on other images."
+            )
+        notes = []
+        if nnodes < 2:
+            notes.append("one node, where AWS finds NCCL faster")
+        if cuda and instance_type not in SMDDP_INSTANCE_TYPES:
+            notes.append(f"{instance_type or 'an unknown instance type'} is not one SMDDP is optimised for")
+        return BackendChoice("smddp", device, "; ".join(["--backend smddp", *notes]))
+    # auto
+    if not cuda:
+        return BackendChoice("gloo", "cpu", "auto: no CUDA device")
+    if launch != "smddprun":
+        reason = f"auto: started by {launch}, not by SageMaker's SMDDP launch (distribution smdistributed)"
+    elif nnodes < 2:
+        reason = "auto: one node, where AWS finds SMDDP slower than NCCL"
+    elif instance_type not in SMDDP_INSTANCE_TYPES:
+        supported = ", ".join(sorted(SMDDP_INSTANCE_TYPES))
+        reason = f"auto: {instance_type or 'unknown instance type'} is not one SMDDP supports ({supported})"
+    elif not available():
+        reason = f"auto: {_SMDDP_MISSING}"
     else:
-        backend = requested
-    device_type = "cuda" if cuda_available and backend in ("nccl", "smddp") else "cpu"
-    return backend, device_type
+        return BackendChoice("smddp", "cuda", f"auto: SMDDP launch on {nnodes} x {instance_type}")
+    return BackendChoice("nccl", "cuda", reason)
+
+
+def resolve(requested: str, info: DistInfo, cuda_available: bool) -> tuple[str, str]:
+    """The one decision of backend and device type for this process: (backend, "cuda" | "cpu"), and its
+    reason in one log line on rank 0 (`choose_backend`). Before SMDDP is imported, the variables it reads
+    that the launch left out are set (`smddp_environment`)."""
+
+    def library() -> bool:
+        os.environ.update(smddp_environment(info, os.environ))
+        return smddp_importable()
+
+    choice = choose_backend(
+        requested,
+        cuda=cuda_available,
+        launch=info.launch,
+        instance_type=info.instance_type,
+        nnodes=info.nnodes,
+        smddp_available=library,
+    )
+    if info.rank == 0:
+        log.info("%s", choice.log_line())
+    return choice.backend, choice.device_type
 
 
 # ------------------------------------------------------------------------------------- process state
@@ -322,8 +452,8 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
     leaves last, all bounded. `exit_code` is the run's exit code (its outputs are written), or None
     when the run failed (an exception is on its way out: no barrier, no waiting for peers).
 
-    After a success, a teardown that overruns its limit ends the process: one log line, then
-    os._exit(exit_code). After a failure it is abandoned with a log line (the caller goes on to
+    After a success, a teardown that overruns its limit ends the process: one log line, MPI finalized
+    when it is initialised (`finalize_mpi`), then os._exit(exit_code). After a failure it is abandoned with a log line (the caller goes on to
     report the failure) and the process is made to end within EXIT_BACKSTOP_S.
     """
     if not is_initialized():
@@ -347,6 +477,7 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
             exit_code,
         )
         _flush_outputs()
+        finalize_mpi()
         os._exit(exit_code)
     log.warning(
         "teardown watchdog: %s failed and did not finish leaving the process group in %.0f s; "
@@ -399,6 +530,32 @@ def _leave(succeeded: bool) -> None:
     _destroy_process_group()
     if succeeded and store is not None and host is not None:
         _host_leaves_last(store, me == host, me, world, STORE_HOST_WAIT_S)
+
+
+def finalize_mpi(limit_s: float = BACKSTOP_S) -> bool:
+    """Finalize MPI when this process initialised it and has not finalized it; True when it did.
+
+    Under `python -m mpi4py` (the SMDDP launch) mpi4py finalizes MPI at interpreter exit, which os._exit
+    skips; Open MPI's mpirun then counts the rank as ended without MPI_Finalize and fails the job whatever
+    its exit code. MPI_Finalize waits for the other ranks, so faulthandler bounds it: after `limit_s` every
+    stack goes to stderr and the process ends with exit code 1. Only an mpi4py that is already imported
+    is used (never imported here: importing it would initialise MPI).
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        if not mpi.Is_initialized() or mpi.Is_finalized():
+            return False
+        faulthandler.dump_traceback_later(limit_s, exit=True)
+        try:
+            mpi.Finalize()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    except Exception as exc:  # noqa: BLE001 - about to exit; a failed finalize must not stop that
+        log.warning("teardown: MPI_Finalize failed: %s", exc)
+        return False
+    return True
 
 
 def _flush_outputs() -> None:

@@ -54,6 +54,8 @@ class AmpPolicy:
 
     mode: str
     device_type: str
+    reason: str = field(default="", compare=False)
+    """Why this mode (one clause for the log), from resolve_amp."""
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -68,29 +70,47 @@ class AmpPolicy:
         return torch.amp.GradScaler(self.device_type, enabled=self.mode == "fp16")
 
 
-def resolve_amp(requested: str, device_type: str, bf16_supported: bool) -> AmpPolicy:
-    """auto → bf16 on GPUs that support it, fp16 on older GPUs, off on CPU. fp16 needs CUDA."""
+BF16_MIN_CAPABILITY = (8, 0)
+"""bf16 autocast only from compute capability 8.0 (A100, A10G, L4, H100): below it (V100, T4)
+torch.cuda.is_bf16_supported() is true since torch 2.4 by emulation, without fast cuDNN convolutions."""
+
+
+def resolve_amp(requested: str, device_type: str, capability: tuple[int, int] | None) -> AmpPolicy:
+    """The precision policy (pure). `capability` is the CUDA device's compute capability (major, minor),
+    None on the CPU. auto → bf16 at capability >= 8.0, fp16 below, off on the CPU. fp16 needs CUDA; bf16
+    on a CUDA device below 8.0 is refused (no fast kernels there: fp16 is the mode for it)."""
+    on_cuda = device_type == "cuda"
+    bf16_fast = on_cuda and capability is not None and tuple(capability) >= BF16_MIN_CAPABILITY
+    where = f"compute capability {capability[0]}.{capability[1]}" if on_cuda and capability else device_type
     if requested == "auto":
-        mode = ("bf16" if bf16_supported else "fp16") if device_type == "cuda" else "off"
-    else:
-        mode = requested
-    if mode == "fp16" and device_type != "cuda":
+        if not on_cuda:
+            return AmpPolicy("off", device_type, "auto: no CUDA device")
+        mode = "bf16" if bf16_fast else "fp16"
+        return AmpPolicy(mode, device_type, f"auto: {where} {'>=' if bf16_fast else '<'} 8.0")
+    if requested == "fp16" and not on_cuda:
         raise ConfigError("--amp fp16 needs a CUDA device; on CPU use --amp bf16 or --amp off")
-    if mode == "bf16" and device_type == "cuda" and not bf16_supported:
-        raise ConfigError("--amp bf16: this GPU does not support bfloat16; use --amp fp16 or auto")
-    return AmpPolicy(mode, device_type)
+    if requested == "bf16" and on_cuda and not bf16_fast:
+        raise ConfigError(
+            f"--amp bf16: this GPU ({where}) has no fast bfloat16 (it needs compute capability 8.0 or "
+            "newer); use --amp fp16 or auto"
+        )
+    return AmpPolicy(requested, device_type, f"--amp {requested}")
 
 
 def prepare_images(
-    imgs: torch.Tensor, device: torch.device, channels_last: bool, color: torch.Tensor | None = None
+    imgs: torch.Tensor, device: torch.device, channels_last: bool | None, color: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there).
-    With `color` (float64 [B, 6], see data.color) imgs are BGR and get their HSV jitter and flips there."""
+    """uint8 [B, 3, H, W] on the host → float [B, 3, H, W] in [0, 1] on `device` (converted there), in
+    channels-last memory (`channels_last` True), NCHW memory (False: `--channels-last off`; the loader's
+    batches are channels-last) or the memory format `imgs` has (None). The layout changes on the uint8
+    batch (a quarter of the float copy). With `color` (float64 [B, 6], see data.color) imgs are BGR and
+    get their HSV jitter and flips there."""
     x = imgs.to(device, non_blocking=True)
     if color is not None:
         x = apply_color(x, color)
-    x = x.float().div_(255.0)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    if channels_last is not None:
+        x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return x.float().div_(255.0)
 
 
 # ------------------------------------------------------------------------------------------ train step
@@ -408,7 +428,7 @@ def evaluate(
         if should_stop is not None and should_stop():
             stopped = True
             break
-        x = prepare_images(imgs, device, channels_last=False)
+        x = prepare_images(imgs, device, channels_last=None)  # the loader's layout
         with amp.autocast():
             pred, _raw = model(x)
         height, width = x.shape[-2:]

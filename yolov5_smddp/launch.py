@@ -4,7 +4,8 @@
 launcher's variables):
 - "torchrun": started by torchrun (RANK/WORLD_SIZE/LOCAL_RANK set) -> this process is one worker.
 - "mpirun":   started by mpirun (OMPI_COMM_WORLD_* set; SageMaker's SMDDP distribution) -> this process
-              is one worker; backend auto prefers smddp (distributed.resolve).
+              is one worker; the backend is distributed.choose_backend's (smddp under the SMDDP
+              runner on several p4d/p4de nodes, else nccl on CUDA, gloo on CPU).
 - "single":   one host and one worker (one GPU, or a CPU host) -> run the worker in this process.
 - "elastic":  SageMaker started one process per host without a distribution -> start `nproc_per_node`
               workers here with torch.distributed.launcher.api.elastic_launch and a static rendezvous that

@@ -67,6 +67,7 @@ from yolov5_smddp.models.autoanchor import autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import load_model_config
+from yolov5_smddp.runtime import apply_runtime, decide_runtime
 from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.valshard import split_summary
@@ -458,10 +459,12 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
             log.warning("%s", warning)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
-    backend, device_type = distributed.resolve(
-        config.backend, cuda, distributed.smddp_importable, prefer_smddp=info.prefer_smddp
+    backend, device_type = distributed.resolve(config.backend, info, cuda)
+    amp = resolve_amp(
+        config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
     )
-    amp = resolve_amp(config.amp, device_type, cuda and torch.cuda.is_bf16_supported())
+    if info.rank == 0:
+        log.info("amp %s: %s", amp.mode, amp.reason)
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     if config.cfg:
@@ -1028,6 +1031,17 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
         decided.color_on_device,
         dirs.cache_dir,
     )
+    settings = decide_runtime(
+        cpu_count=os.cpu_count() or 1,
+        local_ranks=info.local_world_size,
+        loader_workers=workers,
+        device_type=device.type,
+        rect=config.rect,
+        multi_scale=config.multi_scale,
+    )
+    apply_runtime(settings)
+    if run.main:
+        log.info("%s", settings.log_line())
     run.warmup_iters = max(round(run.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS)
     run.batches_per_epoch = len(train_loader)
     if run.main:

@@ -91,9 +91,7 @@ def main(out_dir: str, backend: str, expected_world_size: int, mode: str) -> Non
             f"mode {mode} needs world size {wanted}; the command line says {expected_world_size}, "
             f"the launcher started {info.world_size}"
         )
-    backend, device_type = distributed.resolve(
-        backend, torch.cuda.is_available(), distributed.smddp_importable
-    )
+    backend, device_type = distributed.resolve(backend, info, torch.cuda.is_available())
     device = distributed.init(info, backend, device_type, 120.0)
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=NC).to(device)

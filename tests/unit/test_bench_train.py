@@ -204,7 +204,7 @@ def test_bench_and_trainer_build_the_same_training_stack():
     from yolov5_smddp.trainer import build_training_stack
 
     hyp = load_hyp("scratch-low")
-    amp = resolve_amp("off", "cpu", False)
+    amp = resolve_amp("off", "cpu", None)
     config = TrainConfig(batch_size=48)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, 1)
 

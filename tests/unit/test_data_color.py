@@ -123,3 +123,28 @@ def test_validation_items_never_defer(tmp_path):
 )
 def test_where_color_runs(mode, device_type, expected):
     assert runs_on_device(mode, device_type) is expected
+
+
+def test_the_memory_format_is_the_callers_choice():
+    """`--channels-last off` feeds NCHW memory (the loader's batches are channels-last), on: channels-last;
+    apply_color keeps the format it is given."""
+    rng = np.random.default_rng(3)
+    batch = torch.from_numpy(rng.integers(0, 256, (2, 32, 48, 3), dtype=np.uint8)).permute(0, 3, 1, 2)
+    assert batch.is_contiguous(memory_format=torch.channels_last)  # as collate makes them
+    params = torch.tensor(
+        [[1.1, 0.9, 1.2, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]], dtype=torch.float64
+    )
+    nchw = batch.contiguous()
+    assert apply_color(nchw, params).is_contiguous()
+    assert apply_color(batch, params).is_contiguous(memory_format=torch.channels_last)
+    cpu = torch.device("cpu")
+    for color in (None, params):
+        off = prepare_images(batch, cpu, channels_last=False, color=color)
+        on = prepare_images(batch, cpu, channels_last=True, color=color)
+        kept = prepare_images(nchw, cpu, channels_last=None, color=color)
+        assert off.is_contiguous() and not off.is_contiguous(memory_format=torch.channels_last)
+        assert on.is_contiguous(memory_format=torch.channels_last) and not on.is_contiguous()
+        assert kept.is_contiguous()
+        torch.testing.assert_close(off, on, rtol=0, atol=0)
+        torch.testing.assert_close(kept, on, rtol=0, atol=0)
+        assert off.dtype == torch.float32 and float(off.max()) <= 1.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from yolov5_smddp import distributed
-from yolov5_smddp.distributed import detect_dist_info, resolve
+from yolov5_smddp.distributed import BackendChoice, choose_backend, detect_dist_info
 from yolov5_smddp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -87,49 +87,239 @@ def test_bad_values():
         detect_dist_info({"RANK": "2", "WORLD_SIZE": "2"})
 
 
+P4D, G5, P3DN, P5 = "ml.p4d.24xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge", "ml.p5.48xlarge"
+
+# launch x instance type x nodes x SMDDP library present -> backend of `--backend auto` on a CUDA job
+AUTO_ON_CUDA = [
+    ("smddprun", P4D, 2, True, "smddp"),
+    ("smddprun", "ml.p4de.24xlarge", 16, True, "smddp"),
+    ("smddprun", P4D, 2, False, "nccl"),  # the 2.6+ DLCs: no library
+    ("smddprun", P4D, 1, True, "nccl"),  # one node: NCCL is faster
+    ("smddprun", P3DN, 2, True, "nccl"),  # SMDDP without its optimisations
+    ("smddprun", P5, 2, True, "nccl"),
+    ("smddprun", G5, 4, True, "nccl"),
+    ("smddprun", None, 2, True, "nccl"),  # instance type unknown
+    ("mpirun", P4D, 2, True, "nccl"),  # a plain mpirun, not the SMDDP runner
+    ("torchrun", P4D, 2, True, "nccl"),  # distribution torch_distributed
+    ("torchrun", P5, 2, True, "nccl"),
+    ("torchrun", G5, 1, True, "nccl"),
+    ("none", P4D, 1, True, "nccl"),  # one process
+]
+
+
+@pytest.mark.parametrize("launch, instance_type, nnodes, library, expected", AUTO_ON_CUDA)
+def test_auto_backend_on_cuda_by_launch_instance_nodes_and_library(
+    launch, instance_type, nnodes, library, expected
+):
+    choice = choose_backend(
+        "auto", cuda=True, launch=launch, instance_type=instance_type, nnodes=nnodes, smddp_available=library
+    )
+    assert (choice.backend, choice.device_type) == (expected, "cuda")
+
+
+@pytest.mark.parametrize("launch", ["smddprun", "mpirun", "torchrun", "none"])
+@pytest.mark.parametrize("library", [True, False])
+def test_auto_backend_without_cuda_is_gloo_everywhere(launch, library):
+    choice = choose_backend(
+        "auto", cuda=False, launch=launch, instance_type=P4D, nnodes=2, smddp_available=library
+    )
+    assert choice == BackendChoice("gloo", "cpu", "auto: no CUDA device")
+
+
+def test_auto_reasons_name_the_deciding_fact():
+    def reason(**kw):
+        args = {
+            "cuda": True,
+            "launch": "smddprun",
+            "instance_type": P4D,
+            "nnodes": 2,
+            "smddp_available": True,
+        }
+        return choose_backend("auto", **{**args, **kw}).log_line()
+
+    assert reason() == "backend smddp on cuda: auto: SMDDP launch on 2 x ml.p4d.24xlarge"
+    assert reason(launch="torchrun") == (
+        "backend nccl on cuda: auto: started by torchrun, not by SageMaker's SMDDP launch "
+        "(distribution smdistributed)"
+    )
+    assert reason(nnodes=1) == "backend nccl on cuda: auto: one node, where AWS finds SMDDP slower than NCCL"
+    assert reason(instance_type=P3DN) == (
+        "backend nccl on cuda: auto: ml.p3dn.24xlarge is not one SMDDP supports "
+        "(ml.p4d.24xlarge, ml.p4de.24xlarge)"
+    )
+    assert "is not installed in this image" in reason(smddp_available=False)
+
+
 @pytest.mark.parametrize(
-    "requested, cuda, smddp, prefer_smddp, expected",
+    "requested, cuda, launch, library, expected",
     [
-        ("auto", True, True, False, ("smddp", "cuda")),
-        ("auto", True, False, False, ("nccl", "cuda")),
-        ("auto", False, True, False, ("gloo", "cpu")),
-        ("auto", False, False, False, ("gloo", "cpu")),
-        ("smddp", False, True, False, ("smddp", "cpu")),
-        ("gloo", True, True, False, ("gloo", "cpu")),
-        ("nccl", True, False, False, ("nccl", "cuda")),
-        # under mpirun (SageMaker's SMDDP distribution) auto means smddp whenever it imports
-        ("auto", False, True, True, ("smddp", "cpu")),
-        ("auto", True, True, True, ("smddp", "cuda")),
-        ("auto", False, False, True, ("gloo", "cpu")),
-        ("auto", True, False, True, ("nccl", "cuda")),
-        ("gloo", True, True, True, ("gloo", "cpu")),
+        ("gloo", True, "smddprun", True, ("gloo", "cpu")),
+        ("nccl", True, "torchrun", False, ("nccl", "cuda")),
+        ("smddp", True, "smddprun", True, ("smddp", "cuda")),
+        # without CUDA only the test stand-in imports as SMDDP: let through, on the CPU
+        ("smddp", False, "torchrun", True, ("smddp", "cpu")),
+        ("smddp", False, "none", True, ("smddp", "cpu")),
     ],
 )
-def test_resolve_backend_and_device(requested, cuda, smddp, prefer_smddp, expected):
-    assert resolve(requested, cuda, smddp, prefer_smddp=prefer_smddp) == expected
+def test_explicit_backends(requested, cuda, launch, library, expected):
+    choice = choose_backend(
+        requested, cuda=cuda, launch=launch, instance_type=P4D, nnodes=2, smddp_available=library
+    )
+    assert (choice.backend, choice.device_type) == expected
 
 
-def test_resolve_imports_smddp_only_when_the_answer_depends_on_it():
+def test_explicit_smddp_where_it_cannot_work_is_one_clear_error():
+    args = {"instance_type": P4D, "nnodes": 2}
+    for launch in ("torchrun", "mpirun", "none"):
+        with pytest.raises(ConfigError, match=f"started by {launch}, and SMDDP's AllReduce runs only under"):
+            choose_backend("smddp", cuda=True, launch=launch, smddp_available=True, **args)
+    with pytest.raises(ConfigError, match="not installed in this image.*2.5.1.*2.4.0.*2.3.0"):
+        choose_backend("smddp", cuda=True, launch="smddprun", smddp_available=False, **args)
+    with pytest.raises(ConfigError, match="CUDA"):
+        choose_backend("nccl", cuda=False, launch="none", smddp_available=False, **args)
+    with pytest.raises(ConfigError, match="--backend='mpi'"):
+        choose_backend("mpi", cuda=True, launch="none", smddp_available=True, **args)
+
+
+def test_explicit_smddp_where_it_works_but_is_not_the_best_says_so():
+    choice = choose_backend(
+        "smddp", cuda=True, launch="smddprun", instance_type=G5, nnodes=1, smddp_available=True
+    )
+    assert choice.reason == (
+        "--backend smddp; one node, where AWS finds NCCL faster; ml.g5.48xlarge is not one SMDDP is optimised for"
+    )
+
+
+def test_the_library_is_imported_only_when_the_answer_depends_on_it():
     asked = []
 
     def importable() -> bool:
         asked.append(True)
         return True
 
-    assert resolve("gloo", True, importable) == ("gloo", "cpu")
-    assert resolve("auto", False, importable) == ("gloo", "cpu")
+    for requested, cuda, launch in [
+        ("gloo", True, "smddprun"),
+        ("auto", False, "smddprun"),
+        ("auto", True, "torchrun"),
+    ]:
+        choose_backend(
+            requested, cuda=cuda, launch=launch, instance_type=P4D, nnodes=2, smddp_available=importable
+        )
     assert asked == []
-    assert resolve("auto", True, importable) == ("smddp", "cuda")
+    choose_backend(
+        "auto", cuda=True, launch="smddprun", instance_type=P4D, nnodes=2, smddp_available=importable
+    )
     assert asked == [True]
 
 
-def test_missing_smddp_names_the_images():
-    with pytest.raises(ConfigError, match="2.5.1.*2.4.0.*2.3.0"):
-        resolve("smddp", True, False)
-    with pytest.raises(ConfigError, match="CUDA"):
-        resolve("nccl", False, False)
-    with pytest.raises(ConfigError, match="--backend='mpi'"):
-        resolve("mpi", True, True)
+def _smddprun_rank(rank: int, size: int = 16, local_size: int = 8, **extra: str) -> dict[str, str]:
+    """What a rank of the toolkit's SMDDP runner sees (2 x 8: SMDATAPARALLEL_USE_HOMOGENEOUS and the
+    server address; the ranks it starts over ssh have no MASTER_*)."""
+    return {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(size),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local_size),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        "SMDATAPARALLEL_USE_HOMOGENEOUS": "1",
+        "SMDATAPARALLEL_SERVER_ADDR": "algo-1",
+        "SMDATAPARALLEL_SERVER_PORT": "7592",
+        **extra,
+    }
+
+
+def test_rank_and_world_without_local_variables_take_open_mpis_local_place():
+    # smddprun exporting RANK / WORLD_SIZE without LOCAL_*: rank 9 of 2 x 8 is local rank 1 of 8
+    info = detect_dist_info(_smddprun_rank(9, RANK="9", WORLD_SIZE="16"))
+    assert (
+        info.rank,
+        info.local_rank,
+        info.world_size,
+        info.local_world_size,
+        info.node_rank,
+        info.nnodes,
+    ) == (
+        9,
+        1,
+        16,
+        8,
+        1,
+        2,
+    )
+    assert (info.launcher, info.launch) == ("mpirun", "smddprun")
+    with pytest.raises(ConfigError, match="RANK=3 disagrees with Open MPI's OMPI_COMM_WORLD_RANK=9"):
+        detect_dist_info(_smddprun_rank(9, RANK="3", WORLD_SIZE="16"))
+
+
+def test_torchs_agent_wins_over_an_outer_mpiruns_variables():
+    # torchrun started inside an mpirun rank: its workers inherit OMPI_* that describe the agent, not them
+    env = {
+        **_smddprun_rank(1, size=2, local_size=1),
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "TORCHELASTIC_RUN_ID": "job",
+    }
+    info = detect_dist_info(env)
+    assert (info.rank, info.local_rank, info.local_world_size, info.node_rank, info.launch) == (
+        3,
+        1,
+        2,
+        1,
+        "torchrun",
+    )
+
+
+def test_the_smddp_launch_and_its_master_on_every_rank():
+    # the first host's ranks inherit the toolkit's MASTER_ADDR / MASTER_PORT, the others do not: all agree
+    first = detect_dist_info(_smddprun_rank(0, MASTER_ADDR="algo-1", MASTER_PORT="7777"))
+    remote = detect_dist_info(_smddprun_rank(12))
+    assert (
+        (first.master_addr, first.master_port) == (remote.master_addr, remote.master_port) == ("algo-1", 7777)
+    )
+    assert first.smddp_launch and remote.launch == "smddprun"
+    single_node = {**_smddprun_rank(3, size=8), "SMDATAPARALLEL_USE_SINGLENODE": "1"}
+    del single_node["SMDATAPARALLEL_USE_HOMOGENEOUS"]
+    assert detect_dist_info(single_node).launch == "smddprun"
+    plain = {k: v for k, v in _smddprun_rank(12).items() if not k.startswith("SMDATAPARALLEL_USE")}
+    assert detect_dist_info(plain).launch == "mpirun"
+
+
+def test_the_instance_type_from_the_runner_else_the_caller():
+    assert detect_dist_info(_smddprun_rank(0), instance_type=P4D).instance_type == P4D
+    assert (
+        detect_dist_info(_smddprun_rank(0, SAGEMAKER_INSTANCE_TYPE=P5), instance_type=P4D).instance_type == P5
+    )
+    assert detect_dist_info({}).instance_type is None
+
+
+def test_smddp_environment_sets_the_instance_type_only_when_missing():
+    info = detect_dist_info(_smddprun_rank(0), instance_type=P4D)
+    assert distributed.smddp_environment(info, {}) == {"SAGEMAKER_INSTANCE_TYPE": P4D}
+    assert distributed.smddp_environment(info, {"SAGEMAKER_INSTANCE_TYPE": P5}) == {}
+    assert distributed.smddp_environment(detect_dist_info({}), {}) == {}
+
+
+def test_resolve_logs_the_decision_in_one_line_and_exports_the_instance_type(monkeypatch, caplog):
+    monkeypatch.delenv("SAGEMAKER_INSTANCE_TYPE", raising=False)
+    seen = []
+    monkeypatch.setattr(
+        distributed,
+        "smddp_importable",
+        lambda: seen.append(os.environ.get("SAGEMAKER_INSTANCE_TYPE")) or True,
+    )
+    info = detect_dist_info(_smddprun_rank(0), instance_type=P4D)
+    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed"):
+        assert distributed.resolve("auto", info, True) == ("smddp", "cuda")
+    assert seen == [P4D]  # set before the library's import
+    assert [r.getMessage() for r in caplog.records] == [
+        "backend smddp on cuda: auto: SMDDP launch on 2 x ml.p4d.24xlarge"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed"):
+        distributed.resolve("auto", detect_dist_info(_smddprun_rank(3)), False)
+    assert caplog.records == []  # rank 3 does not log
 
 
 def test_mpirun_node_index_and_host_count_from_rank_and_local_size():
@@ -159,7 +349,7 @@ def test_mpirun_node_index_and_host_count_from_rank_and_local_size():
         2,
         8,
     )
-    assert info.prefer_smddp and not detect_dist_info({}).prefer_smddp
+    assert info.launch == "mpirun" and detect_dist_info({}).launch == "none"
 
 
 def test_single_process_helpers_are_no_ops():
@@ -323,3 +513,37 @@ def test_a_rank_whose_store_host_is_gone_still_leaves(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "teardown: could not tell the store's host: Connection reset by peer"
     ]
+
+
+_FAKE_MPI = (
+    "import sys, types; mpi = types.ModuleType('mpi4py.MPI'); state = {'init': True, 'fin': False}; "
+    "mpi.Is_initialized = lambda: state['init']; mpi.Is_finalized = lambda: state['fin']; "
+    "mpi.Finalize = lambda: (state.update(fin=True), print('MPI_Finalize', flush=True)); "
+    "sys.modules['mpi4py.MPI'] = mpi; "
+)
+
+
+def test_the_watchdogs_exit_finalizes_mpi_first():
+    # under `python -m mpi4py` os._exit would skip mpi4py's MPI_Finalize at exit: mpirun fails such a rank
+    proc = _python(
+        _FAKE_MPI + _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
+        "distributed.teardown(7, limit_s=1); print('not reached')"
+    )
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["MPI_Finalize"]
+
+
+def test_finalize_mpi_only_when_initialised_and_not_finalized(monkeypatch):
+    import types
+
+    calls = []
+    mpi = types.ModuleType("mpi4py.MPI")
+    mpi.Finalize = lambda: calls.append("finalize")
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert distributed.finalize_mpi() is False  # no mpi4py: nothing to do (and it is not imported)
+    assert "mpi4py.MPI" not in sys.modules
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    for initialised, finalized, expected in [(False, False, False), (True, True, False), (True, False, True)]:
+        mpi.Is_initialized, mpi.Is_finalized = (lambda v=initialised: v), (lambda v=finalized: v)
+        assert distributed.finalize_mpi() is expected
+    assert calls == ["finalize"]

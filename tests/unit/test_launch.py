@@ -48,7 +48,7 @@ def test_master_port_from_environment():
     assert plan.master_port == 12345 and plan.mode == "elastic"
 
 
-def test_under_mpirun_one_worker_in_process_preferring_smddp():
+def test_under_mpirun_one_worker_in_process():
     environ = {
         "OMPI_COMM_WORLD_RANK": "9",
         "OMPI_COMM_WORLD_SIZE": "16",
@@ -67,7 +67,7 @@ def test_under_mpirun_one_worker_in_process_preferring_smddp():
         local_rank=1,
     )
     assert plan.in_process
-    assert detect_dist_info(environ, default_master="algo-1").prefer_smddp
+    assert detect_dist_info(environ, default_master="algo-1").launch == "mpirun"
 
 
 def _ompi(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
@@ -119,6 +119,7 @@ def test_under_torchrun_one_worker_in_process():
         "GROUP_RANK": "1",
         "MASTER_ADDR": "algo-1",
         "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "job",  # torch's agent: its variables win over an outer mpirun's
         "OMPI_COMM_WORLD_RANK": "0",
     }
     plan = plan_for(environ, hosts=HOSTS, current_host="algo-2", num_gpus=2)

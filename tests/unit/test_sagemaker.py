@@ -322,6 +322,7 @@ def test_under_the_toolkits_mpirun_each_rank_names_its_own_host(
         "algo-1",
         7777,
     )
+    assert info.instance_type == "ml.p4d.24xlarge"  # resourceconfig's, for the backend decision and SMDDP
 
 
 def test_a_channel_of_images_and_one_coco_json_needs_no_data_yaml(tmp_path):

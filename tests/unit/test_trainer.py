@@ -152,15 +152,12 @@ def test_optimizer_groups_and_freeze():
 
 
 def test_amp_resolution():
-    assert resolve_amp("auto", "cpu", False).mode == "off"
-    assert resolve_amp("auto", "cuda", True).mode == "bf16"
-    assert resolve_amp("auto", "cuda", False).mode == "fp16"
-    assert resolve_amp("bf16", "cpu", False).dtype == torch.bfloat16
-    assert resolve_amp("fp16", "cuda", True).dtype == torch.float16
-    assert not resolve_amp("bf16", "cuda", True).make_scaler().is_enabled()
-    assert not resolve_amp("off", "cpu", False).make_scaler().is_enabled()
+    assert resolve_amp("bf16", "cpu", None).dtype == torch.bfloat16
+    assert resolve_amp("fp16", "cuda", (8, 0)).dtype == torch.float16
+    assert not resolve_amp("bf16", "cuda", (8, 0)).make_scaler().is_enabled()
+    assert not resolve_amp("off", "cpu", None).make_scaler().is_enabled()
     with pytest.raises(ConfigError, match="--amp fp16"):
-        resolve_amp("fp16", "cpu", False)
+        resolve_amp("fp16", "cpu", None)
 
 
 def test_ema_decay_and_float_buffers():

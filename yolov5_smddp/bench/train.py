@@ -267,7 +267,9 @@ def measure(
     model = build_model(args.cfg, nc=nc).to(device).train()
     if combo.channels_last:
         model.to(memory_format=torch.channels_last)
-    amp = resolve_amp(combo.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    amp = resolve_amp(
+        combo.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    )
     stack = bench_training_stack(model, hyp, nc=nc, imgsz=args.imgsz, batch=combo.batch, amp=amp)
     step = TrainStep(
         torch.compile(model) if args.compile else model,
@@ -353,7 +355,9 @@ def run(args: argparse.Namespace) -> int:
         device_name = f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
     peak = peak_tflops(device_name, args.peak_tflops) if device.type == "cuda" or args.peak_tflops else None
     for mode in args.amp:  # refuse impossible modes before any measurement (fp16 needs CUDA)
-        resolve_amp(mode, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+        resolve_amp(
+            mode, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        )
     hyp = load_hyp(args.hyp)
     flops_cache: dict[int, tuple[float, float]] = {}
 

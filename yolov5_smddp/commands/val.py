@@ -218,14 +218,11 @@ def _validate(args: argparse.Namespace, info) -> int:
 
     main = info.rank == 0
     if info.distributed:
-        backend, device_type = distributed.resolve(
-            args.backend,
-            torch.cuda.is_available(),
-            distributed.smddp_importable,
-            prefer_smddp=info.prefer_smddp,
-        )
+        backend, device_type = distributed.resolve(args.backend, info, torch.cuda.is_available())
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    amp = resolve_amp(args.amp, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    amp = resolve_amp(
+        args.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    )
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
     data = load_data_config(args.data, cache_dir=cache_dir)
     sources = {"val": data.val, "test": data.test, "train": data.train}[args.split]

@@ -106,11 +106,12 @@ def _gain_tables(params: torch.Tensor) -> torch.Tensor:
 
 def apply_color(imgs: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """uint8 [B, 3, H, W] BGR (any memory format, any device) + float64 [B, 6] → uint8 RGB with the
-    HSV jitter (samples with hsv_on) and flips applied; channels-last memory, as the loader's batches."""
+    HSV jitter (samples with hsv_on) and flips applied, in the memory format of `imgs` (channels-last for
+    the loader's batches; the caller picks the model's, engine.prepare_images)."""
     import torch
 
     params = params.to(imgs.device, non_blocking=True)  # pinned by the loader: no host sync
-    out = torch.empty_like(imgs, memory_format=torch.channels_last)
+    out = torch.empty_like(imgs, memory_format=torch.preserve_format)
     tables = _gain_tables(params)
     for start in range(0, imgs.shape[0], _CHUNK):
         sl = slice(start, start + _CHUNK)

@@ -127,7 +127,9 @@ def run_job(
     EXIT_INTERRUPTED after a SIGTERM (reported in one line, see failure.report_stop)."""
     train_args = fold_hyp_options(train_args)  # tuning jobs' per-key `--hyp-lr0 V` into --hyp-override
     config = parse_train_args(train_args)  # ConfigError naming the option, before any work
-    info = detect_dist_info(environ, default_master=env.master_addr, hosts_in_job=len(env.hosts))
+    info = detect_dist_info(
+        environ, default_master=env.master_addr, hosts_in_job=len(env.hosts), instance_type=env.instance_type
+    )
     plan = launch.decide_launch(
         info,
         hosts=env.hosts,

@@ -1,0 +1,79 @@
+"""runtime: the per-rank CPU thread cap and cuDNN's autotuner (pure decisions, then applied in torch),
+and that a training run applies and logs them."""
+
+import logging
+
+import pytest
+import torch
+
+from yolov5_smddp.runtime import RuntimeSettings, apply_runtime, cpu_threads_per_rank, decide_runtime
+
+
+@pytest.mark.parametrize(
+    "cpu_count, local_ranks, loader_workers, threads",
+    [
+        (96, 8, 8, 4),  # p4d: 12 cores a rank, 8 of them loading
+        (96, 8, 0, 12),
+        (192, 8, 8, 16),  # p5
+        (8, 8, 1, 1),  # never below 1
+        (8, 8, 8, 1),
+        (4, 1, 2, 2),  # one rank on a small host
+        (1, 1, 0, 1),
+        (3, 2, 0, 1),  # 3 // 2 cores a rank
+    ],
+)
+def test_cpu_threads_per_rank(cpu_count, local_ranks, loader_workers, threads):
+    assert cpu_threads_per_rank(cpu_count, local_ranks, loader_workers) == threads
+
+
+@pytest.mark.parametrize(
+    "device_type, rect, multi_scale, benchmark, why",
+    [
+        ("cuda", False, False, True, "fixed training shapes"),
+        ("cuda", True, False, False, "--rect"),
+        ("cuda", False, True, False, "--multi-scale"),
+        ("cuda", True, True, False, "--rect"),
+        ("cpu", False, False, False, "no CUDA device"),
+    ],
+)
+def test_cudnn_benchmark_only_for_fixed_shapes_on_cuda(device_type, rect, multi_scale, benchmark, why):
+    settings = decide_runtime(
+        cpu_count=96,
+        local_ranks=8,
+        loader_workers=8,
+        device_type=device_type,
+        rect=rect,
+        multi_scale=multi_scale,
+    )
+    assert settings == RuntimeSettings(4, benchmark, why)
+
+
+def test_apply_sets_torch(monkeypatch):
+    threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
+    try:
+        apply_runtime(RuntimeSettings(1, True, "fixed training shapes"))
+        assert (torch.get_num_threads(), torch.backends.cudnn.benchmark) == (1, True)
+        apply_runtime(RuntimeSettings(2, False, "--rect"))
+        assert (torch.get_num_threads(), torch.backends.cudnn.benchmark) == (2, False)
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def test_a_training_run_applies_and_logs_them(tmp_path, monkeypatch, caplog):
+    from yolov5_smddp import trainer
+    from yolov5_smddp.commands.train import main
+    from yolov5_smddp.data.synthetic import make_default_dataset
+
+    data = make_default_dataset(tmp_path / "data", n_train=4, n_val=2, imgsz=64, seed=1)
+    applied = []
+    monkeypatch.setattr(trainer, "apply_runtime", applied.append)
+    monkeypatch.setattr(trainer.os, "cpu_count", lambda: 6)
+    out = tmp_path / "run"
+    argv = ["--cfg", "yolov5n", "--data", str(data), "--epochs", "1", "--imgsz", "64", "--batch-size", "2"]
+    argv += ["--workers", "2", "--noplots", "--model-dir", str(out / "m"), "--output-dir", str(out / "o")]
+    argv += ["--checkpoint-dir", str(out / "c"), "--cache-dir", str(out / "cache")]
+    with caplog.at_level(logging.INFO):
+        assert main(argv) == 0
+    assert applied == [RuntimeSettings(4, False, "no CUDA device")]  # 6 cores, 1 rank, 2 loader workers
+    assert "cpu threads/rank 4; cudnn.benchmark off (no CUDA device)" in caplog.text
