@@ -35,7 +35,7 @@ from numpy.lib import format as npy_format
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
 
-CACHE_VERSION = 2  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM
+CACHE_VERSION = 3  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM; 3: zero-area boxes dropped
 CACHE_SUFFIX = ".labelcache.npz"
 CACHE_FOLDER_NAME = "yolov5-smddp"
 _META_KEY = "meta"
