@@ -18,6 +18,7 @@ import torch
 
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 
 FORMAT = "yolov5-smddp-train-checkpoint/1"
 LAST = "last.pt"
@@ -95,10 +96,11 @@ def interrupted_message(when: str, folder: Path) -> str:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read one of our checkpoints (weights_only: no code runs). WeightsError when it is not one."""
     try:
+        check_torch_file(path)  # declared sizes bounded before torch allocates
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, not a torch file, or containing objects that are not plain data
         raise WeightsError(
-            f"checkpoint {path} cannot be read safely ({exc}); delete it to start afresh"
+            f"checkpoint {path} cannot be read safely ({torch_error_line(exc)}); delete it to start afresh"
         ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise WeightsError(f"checkpoint {path} is not a yolov5-smddp training checkpoint (format {FORMAT})")
