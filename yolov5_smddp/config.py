@@ -573,7 +573,7 @@ def load_hyp(name_or_path: str, overrides: dict[str, float] | None = None) -> di
     out-of-range values are ConfigErrors naming the key and the file.
     """
     path = hyp_path(name_or_path) or Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():  # a FIFO or a folder is named by load_yaml
         raise ConfigError(f"--hyp={name_or_path!r}: no such file, and not one of {', '.join(HYP_NAMES)}")
     loaded = load_yaml(path, ConfigError, origin=f"--hyp file {shown(path)}")
     if not isinstance(loaded, dict):

@@ -215,12 +215,24 @@ def check_torch_file(path: Path | str) -> None:
         raise WeightsError(f"{where}: unreadable checkpoint pickle ({type(exc).__name__}: {exc})") from None
 
 
+_ADVICE = (
+    "weights_only",
+    "Re-running",
+    "Check the documentation",
+    "add_safe_globals",
+    "trust the source",
+    "file an issue",
+)
+
+
 def torch_error_line(exc: BaseException) -> str:
     """One line of a torch.load error: for a weights_only refusal the unpickler's reason ("Unsupported
-    global: GLOBAL os.system ..."), never torch's advice on how to load the file anyway."""
+    global: GLOBAL os.system ...", "Trying to load unsupported GLOBAL posix.system ..."), never torch's
+    advice on how to load the file anyway (its wording differs between torch versions)."""
     text = str(exc)
     _, found, reason = text.partition("WeightsUnpickler error:")
-    line = (reason if found else text).strip().splitlines()
-    first = line[0].strip() if line else type(exc).__name__
-    first = first.split(". Please ", 1)[0].split(" Re-running ", 1)[0].rstrip(".")
+    lines = [line.strip() for line in (reason if found else text).splitlines()]
+    lines = [line.split(". Please ", 1)[0].rstrip(".") for line in lines if line]
+    lines = [line for line in lines if not any(marker in line for marker in _ADVICE)]
+    first = lines[0] if lines else type(exc).__name__
     return first if len(first) <= 300 else first[:300] + "..."
