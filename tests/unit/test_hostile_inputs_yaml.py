@@ -4,6 +4,8 @@ Every case ends in one error line naming the file and the bound; the corpus is g
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,9 +102,17 @@ def test_oversized_file_is_refused_before_it_is_read(tmp_path):
 
 def test_fifo_and_device_are_never_opened(tmp_path):
     fifo = tmp_path / "data.yaml"
-    os.mkfifo(fifo)  # opening it for reading would block forever: the test would hang
-    with pytest.raises(DataError, match=r"data.yaml: a FIFO \(named pipe\), not a regular file$"):
-        load_data_config(fifo)
+    os.mkfifo(fifo)  # opening it for reading would block: the child is killed by the timeout, the test fails
+    code = (
+        "import sys\nfrom yolov5_smddp.data.config import load_data_config\n"
+        "try:\n    load_data_config(sys.argv[1])\n"
+        "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.stdout.strip() == f"DataError: {fifo}: a FIFO (named pipe), not a regular file"
     zero = tmp_path / "zero.yaml"
     zero.symlink_to("/dev/zero")
     with pytest.raises(ConfigError, match=r"zero.yaml: a character device, not a regular file$"):

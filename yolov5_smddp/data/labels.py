@@ -2,7 +2,14 @@
 
 Discovery: a source is a folder (searched recursively for image files), a list file (.txt, one image
 path per line; relative entries resolve against the LIST FILE's folder) or one image. The label of an
-image is its path with the last `/images/` replaced by `/labels/` and the extension by `.txt`.
+image is its path with the last `/images/` replaced by `/labels/` and the extension by `.txt`. The search
+follows links to folders (also outside the dataset) but enters each folder once, by (st_dev, st_ino): a
+link cycle or a second link to a folder is named in one warning, never walked again.
+
+Only regular files are read: an image or label that is a FIFO, a device or a socket is skipped by name
+without being opened, and a label file over `MAX_LABEL_BYTES` is skipped unread. Rows of zero width or
+height are dropped and counted (`ScanReport.degenerate_files`), like duplicate rows. Names that are not
+UTF-8 are shown escaped (`bounded_read.shown`).
 
 Verification reads every image header (size, truncation) and parses every label file. Each problem is
 reported once with its file and reason and the pair is skipped; duplicate rows are dropped (reported),
