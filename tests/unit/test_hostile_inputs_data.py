@@ -245,3 +245,17 @@ def test_coco_json_that_is_a_fifo_is_never_opened(tmp_path):
         env=env,
     )
     assert done.stdout.strip() == f"DataError: COCO JSON {path}: a FIFO (named pipe), not a regular file"
+
+
+def test_the_validation_mosaic_reads_a_non_utf8_name_without_crashing(tmp_path):
+    """cv2.imread on such a path kills the process (SIGSEGV): the plot reads through decode_image."""
+    path = tmp_path / os.fsdecode(b"bad\xff.jpg")
+    cv2.imwrite(str(tmp_path / "ok.jpg"), np.full((20, 30, 3), 90, np.uint8))
+    (tmp_path / "ok.jpg").rename(path)
+    code = (
+        "import sys, os\nfrom yolov5_smddp.plots import _image_or_none\n"
+        "print(_image_or_none(os.fsdecode(sys.argv[1].encode('utf-8', 'surrogateescape'))).shape)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stdout.strip()) == (0, "(20, 30, 3)")
