@@ -16,6 +16,7 @@ Path rules (all documented for users):
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,12 +94,17 @@ def _parse_names(raw: object, yaml_path: Path) -> list[str]:
 
 
 def _resolved(path: Path, about: str) -> Path:
-    """`path` made absolute with its links resolved; DataError naming `about` when a link loops (Python
-    raises RuntimeError or OSError ELOOP, depending on its version)."""
+    """`path` made absolute with its links resolved; DataError naming `about` when a link loops (a strict
+    resolve raises RuntimeError (Python 3.11) or OSError ELOOP (3.13) there; a plain one returns the loop's
+    path unresolved on 3.13). A path that does not exist resolves as far as it goes."""
     try:
-        return path.resolve()
-    except (RuntimeError, OSError) as exc:
+        return path.resolve(strict=True)
+    except RuntimeError as exc:
         raise DataError(f"{about}: {shown(path)} is a symbolic link loop ({exc})") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DataError(f"{about}: {shown(path)} is a symbolic link loop ({exc.strerror})") from None
+        return path.resolve()  # missing or not accessible: the caller's own check names it
 
 
 def _resolve_entry(entry: str, root: Path, original_root: Path | None, about: str) -> Path:
