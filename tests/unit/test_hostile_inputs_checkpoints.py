@@ -2,8 +2,9 @@
 
 The files are built here: a zip laid out as torch.save writes it (data.pkl + data/<key> records) whose
 pickle names torch's own rebuild function and storage type, so torch itself would load them. Loading
-runs in a child process that reports its peak RSS (resource.getrusage), since the point is what torch
-would allocate."""
+runs in a child process that reports its peak RSS (VmHWM), since the point is what torch
+would allocate. The peak is VmHWM of /proc/self/status: getrusage's ru_maxrss would also count the
+peak of the forked pytest process before the exec (Linux keeps the larger of the two)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def stride_zero_view(path: Path, nbytes: int) -> Path:
 
 def _load_in_child(path: Path, loader: str = "weights") -> dict:
     code = (
-        "import json, resource, sys\n"
+        "import json, sys\n"
         "from yolov5_smddp.errors import UserError\n"
         "from yolov5_smddp.models.weights import load_weights\n"
         "from yolov5_smddp.checkpoint import load_checkpoint\n"
@@ -101,7 +102,8 @@ def _load_in_child(path: Path, loader: str = "weights") -> dict:
         "    (load_weights if sys.argv[2] == 'weights' else load_checkpoint)(sys.argv[1]); error = None\n"
         "except UserError as exc:\n"
         "    error = str(exc)\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "status = open('/proc/self/status').read().split('VmHWM:')[1]\n"
+        "peak = int(status.split()[0]) / 1024  # this process's peak RSS (kB -> MB)\n"
         "print(json.dumps({'error': error, 'peak_mb': peak}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
