@@ -19,6 +19,7 @@ import torch
 
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 
 FORMAT = "yolov5-smddp-train-checkpoint/1"
 LAST = "last.pt"
@@ -102,16 +103,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         f"weights (a model folder's best.pt, the release's .pt) start a new run with --weights {path}"
     )
     try:
+        check_torch_file(path)  # declared sizes bounded before torch allocates
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:  # objects that are not plain data: never ours, never unpickled
         raise WeightsError(
-            f"checkpoint {path} is not a yolov5-smddp training checkpoint: it holds pickled objects; "
-            f"{weights_hint}"
+            f"checkpoint {path} is not a yolov5-smddp training checkpoint: it holds pickled objects "
+            f"({torch_error_line(exc)}); {weights_hint}"
         ) from exc
-    except Exception as exc:  # truncated, not a torch file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # truncated, not a torch file, declared sizes over the bound
         raise WeightsError(
-            f"checkpoint {path} cannot be read ({reason}); a damaged last.pt: delete it to start afresh"
+            f"checkpoint {path} cannot be read safely ({torch_error_line(exc)}); a damaged last.pt: delete it "
+            "to start afresh"
         ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise WeightsError(

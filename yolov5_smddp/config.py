@@ -19,8 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-import yaml
-
+from yolov5_smddp.bounded_read import shown
+from yolov5_smddp.bounded_yaml import load_yaml
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
@@ -658,12 +658,9 @@ def load_hyp(name_or_path: str, overrides: dict[str, float] | None = None) -> di
     out-of-range values are ConfigErrors naming the key and the file.
     """
     path = hyp_path(name_or_path) or Path(name_or_path)
-    if not path.is_file():
+    if not path.exists():  # a FIFO or a folder is named by load_yaml
         raise ConfigError(f"--hyp={name_or_path!r}: no such file, and not one of {', '.join(HYP_NAMES)}")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--hyp file {path} is not valid YAML: {exc}") from exc
+    loaded = load_yaml(path, ConfigError, origin=f"--hyp file {shown(path)}")
     if not isinstance(loaded, dict):
         raise ConfigError(f"--hyp file {path} must be a mapping of key: number")
     base: dict[str, float] = {}

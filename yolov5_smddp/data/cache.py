@@ -35,7 +35,7 @@ from numpy.lib import format as npy_format
 from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
 
-CACHE_VERSION = 2  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM
+CACHE_VERSION = 3  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM; 3: zero-area boxes dropped
 CACHE_SUFFIX = ".labelcache.npz"
 CACHE_FOLDER_NAME = "yolov5-smddp"
 _META_KEY = "meta"
@@ -151,7 +151,9 @@ def default_cache_dir(environ: Mapping[str, str], home: Path) -> Path:
 
 def sources_digest(rel_sources: list[str]) -> str:
     """12 hex digits naming a dataset split by its sources relative to the root (survives relocation)."""
-    return hashlib.blake2b("\n".join(rel_sources).encode(), digest_size=6).hexdigest()
+    return hashlib.blake2b(
+        "\n".join(rel_sources).encode("utf-8", "surrogateescape"), digest_size=6
+    ).hexdigest()
 
 
 def content_digest(
@@ -160,7 +162,7 @@ def content_digest(
     """16 hex digits over everything a scan result depends on (see the module docstring)."""
     h = hashlib.blake2b(digest_size=8)
     h.update(f"v{CACHE_VERSION} nc={nc} max_pixels={max_pixels}\n".encode())
-    h.update("\n".join(images).encode())
+    h.update("\n".join(images).encode("utf-8", "surrogateescape"))
     h.update(np.ascontiguousarray(image_bytes, dtype="<i8").tobytes())
     h.update("\n".join(label_hashes).encode())
     return h.hexdigest()

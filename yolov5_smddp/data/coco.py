@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import sys
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.bounded_read import UnreadableFile, not_regular_reason, read_limited, shown
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.data.index import CocoMeta, LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
@@ -59,6 +61,8 @@ COCO_CACHE_SUFFIX = ".cocoindex.npz"
 _FORMAT = "yolov5-smddp-coco"
 _MAX_LOGGED_PROBLEMS = 20
 _HASH_CHUNK = 1 << 22
+MAX_JSON_BYTES = 4 << 30
+"""4 GiB: COCO's own train2017 instances file is 448 MB."""
 
 
 def is_coco_json(path: Path | str) -> bool:
@@ -101,7 +105,12 @@ class CocoTable:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _int_id(value: object) -> int | None:
@@ -112,6 +121,33 @@ def _int_id(value: object) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+def _beyond_64_bits(value: object) -> bool:
+    """A JSON number too large for the int64 columns (2**70, 1e30, 1e300)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return abs(value) >= 2**63  # also inf (Python's json reads `Infinity`)
+
+
+def _check_fits(entry: dict, fields: tuple[str, ...], about: str) -> None:
+    """DataError naming the field of `entry` whose number is beyond 64 bits (it would overflow later)."""
+    for name in fields:
+        if _beyond_64_bits(entry.get(name)):
+            raise DataError(f"{about}: field '{name}' is {entry[name]!r}, beyond 64 bits (|value| < 2**63)")
+
+
+def _category_name(entry: dict, cid: int, where: str) -> str:
+    """The class name of a category: a non-empty string (a number is taken as its text)."""
+    name = entry.get("name")
+    if isinstance(name, int | float) and not isinstance(name, bool):
+        return str(name)
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(
+            f"{where}: categories: id {cid} has the name {name!r}, not a non-empty string; "
+            f'write it as a JSON string, e.g. "name": "box"'
+        )
+    return name
 
 
 def parse_coco(raw: object, where: str, digest: str = "") -> CocoTable:
@@ -137,11 +173,11 @@ def parse_coco(raw: object, where: str, digest: str = "") -> CocoTable:
     for entry in categories:
         cid = _int_id(entry.get("id")) if isinstance(entry, dict) else None
         if cid is None:
-            raise DataError(f"{where}: categories: entry {entry!r} has no integer 'id'")
+            raise DataError(f"{where}: categories: entry {str(entry)[:80]} has no integer 'id'")
+        _check_fits(entry, ("id",), f"{where}: categories: entry {str(entry)[:60]}")
         if cid in by_cat:
             raise DataError(f"{where}: categories: id {cid} appears twice")
-        name = entry.get("name")
-        by_cat[cid] = str(name) if name is not None else str(cid)
+        by_cat[cid] = _category_name(entry, cid, where) if "name" in entry else str(cid)
     cat_ids = sorted(by_cat)
     class_of = {cid: k for k, cid in enumerate(cat_ids)}
 
@@ -152,6 +188,7 @@ def parse_coco(raw: object, where: str, digest: str = "") -> CocoTable:
         if iid is None:
             messages.append(f"{where}: image entry {str(entry)[:80]}: no integer 'id'")
             continue
+        _check_fits(entry, ("id", "width", "height"), f"{where}: images: entry {str(entry)[:60]}")
         name = entry.get("file_name")
         if not isinstance(name, str) or not name:
             messages.append(f"{where}: image id {iid}: no 'file_name'")
@@ -218,7 +255,7 @@ def _clean_annotations(annotations: list, position: dict[int, int], class_of: di
             return None
         boxes = np.frombuffer(array("d", chain.from_iterable(bboxes)), np.float64).reshape(m, 4)
         crowd = np.array([bool(a.get("iscrowd", 0)) for a in annotations], dtype=bool)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     if image_col.dtype.kind != "i" or cat_col.dtype.kind != "i":
         return None
@@ -239,7 +276,8 @@ def _checked_annotations(
         if not isinstance(entry, dict):
             messages.append(f"{where}: annotation {str(entry)[:80]}: not an object")
             continue
-        about = f"{where}: annotation id {entry.get('id')!r}"
+        about = f"{where}: annotation id {str(entry.get('id'))[:40]}"
+        _check_fits(entry, ("id", "image_id", "category_id"), about)
         pos = position.get(_int_id(entry.get("image_id")))  # type: ignore[arg-type]
         if pos is None:
             messages.append(f"{about}: image_id {entry.get('image_id')!r} is not in 'images'")
@@ -332,12 +370,19 @@ def load_table(path: Path, digest: str) -> CocoTable | None:
 
 
 def _parse_file(json_path: Path, digest: str) -> CocoTable:
+    where = shown(json_path)
     try:
-        with open(json_path, "rb") as f:
-            raw = json.load(f)
+        raw = json.loads(read_limited(json_path, MAX_JSON_BYTES, what="COCO JSON"))
+    except UnreadableFile as exc:
+        raise DataError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise DataError(
+            f"{where}: nested deeper than the JSON reader allows (~{sys.getrecursionlimit():,} levels); "
+            f"a COCO file nests 4"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{json_path}: cannot be read as JSON: {exc}") from None
-    return parse_coco(raw, str(json_path), digest)
+        raise DataError(f"{where}: cannot be read as JSON: {exc}") from None
+    return parse_coco(raw, where, digest)
 
 
 class _HostLock:
@@ -375,8 +420,11 @@ def load_coco(json_path: Path, cache_dir: Path) -> tuple[CocoTable, str]:
     json_path = Path(json_path)
     try:
         st = json_path.stat()
+        not_regular = not_regular_reason(json_path)
     except OSError as exc:
-        raise DataError(f"COCO JSON {json_path}: cannot be read: {exc.strerror or exc}") from None
+        raise DataError(f"COCO JSON {shown(json_path)}: cannot be read: {exc.strerror or exc}") from None
+    if not_regular:
+        raise DataError(f"COCO JSON {shown(json_path)}: {not_regular}")
     key = (str(json_path.resolve()), st.st_size, st.st_mtime_ns)
     if key in _MEMO:
         return _MEMO[key]

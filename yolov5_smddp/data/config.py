@@ -16,12 +16,13 @@ Path rules (all documented for users):
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from yolov5_smddp.bounded_read import shown
+from yolov5_smddp.bounded_yaml import load_yaml
 from yolov5_smddp.data.coco import is_coco_json
 from yolov5_smddp.errors import DataError
 
@@ -50,9 +51,30 @@ class DataConfig:
     """COCO splits: split -> the folder the JSON's `file_name`s are relative to (absent: the JSON's)."""
 
 
+def _class_name(value: object, entry: str, yaml_path: Path) -> str:
+    """One class name: a non-empty string (a number is taken as its text). YAML 1.1 reads unquoted
+    yes/no/on/off/true/false as booleans and an empty entry as null: those are errors that say so."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, bool):
+        why = f"the boolean {value} (YAML reads unquoted yes/no/on/off/true/false as booleans)"
+    elif value is None:
+        why = "empty (null)"
+    elif isinstance(value, str):
+        why = "an empty string"
+    else:
+        why = f"a {type(value).__name__} ({str(value)[:60]}), not a name"
+    raise DataError(
+        f"{shown(yaml_path)}: key 'names': {entry} is {why}; class names must be non-empty strings: "
+        f'quote them, e.g. names: ["NO", "yes"]'
+    )
+
+
 def _parse_names(raw: object, yaml_path: Path) -> list[str]:
     if isinstance(raw, list):
-        return [str(name) for name in raw]
+        return [_class_name(name, f"entry {i}", yaml_path) for i, name in enumerate(raw)]
     if isinstance(raw, dict):
         try:
             ids = sorted(int(key) for key in raw)
@@ -64,20 +86,34 @@ def _parse_names(raw: object, yaml_path: Path) -> list[str]:
             raise DataError(
                 f"{yaml_path}: key 'names': class ids must be 0..{len(ids) - 1} without gaps, got {ids}"
             )
-        by_id = {int(key): str(value) for key, value in raw.items()}
+        by_id = {int(key): _class_name(value, f"id {key}", yaml_path) for key, value in raw.items()}
         return [by_id[i] for i in ids]
     raise DataError(
         f"{yaml_path}: key 'names' must be a list or a {{id: name}} dict, got {type(raw).__name__}"
     )
 
 
-def _resolve_entry(entry: str, root: Path, original_root: Path | None) -> Path:
+def _resolved(path: Path, about: str) -> Path:
+    """`path` made absolute with its links resolved; DataError naming `about` when a link loops (a strict
+    resolve raises RuntimeError (Python 3.11) or OSError ELOOP (3.13) there; a plain one returns the loop's
+    path unresolved on 3.13). A path that does not exist resolves as far as it goes."""
+    try:
+        return path.resolve(strict=True)
+    except RuntimeError as exc:
+        raise DataError(f"{about}: {shown(path)} is a symbolic link loop ({exc})") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DataError(f"{about}: {shown(path)} is a symbolic link loop ({exc.strerror})") from None
+        return path.resolve()  # missing or not accessible: the caller's own check names it
+
+
+def _resolve_entry(entry: str, root: Path, original_root: Path | None, about: str) -> Path:
     path = Path(entry).expanduser()
     if not path.is_absolute():
-        return (root / path).resolve()
+        return _resolved(root / path, about)
     if original_root is not None and path.is_relative_to(original_root):
-        return (root / path.relative_to(original_root)).resolve()
-    return path
+        return _resolved(root / path.relative_to(original_root), about)
+    return _resolved(path, about)
 
 
 def load_data_config(
@@ -90,15 +126,12 @@ def load_data_config(
     Raises DataError naming the YAML file and the key for a missing file, bad YAML, missing splits,
     sources that do not exist, or `nc` that disagrees with `names`.
     """
-    yaml_path = Path(yaml_path).expanduser().resolve()
-    if not yaml_path.is_file():
-        raise DataError(f"data.yaml not found: {yaml_path}")
+    yaml_path = _resolved(Path(yaml_path).expanduser(), "data.yaml")
+    if not yaml_path.exists():
+        raise DataError(f"data.yaml not found: {shown(yaml_path)}")
     if is_coco_json(yaml_path):
         return coco_data_config(yaml_path, cache_dir)
-    try:
-        raw = yaml.safe_load(yaml_path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise DataError(f"{yaml_path}: cannot be read as YAML: {exc}") from exc
+    raw = load_yaml(yaml_path, DataError)
     if not isinstance(raw, dict):
         raise DataError(
             f"{yaml_path}: expected a mapping with keys path/train/val/names, got {type(raw).__name__}"
@@ -110,9 +143,9 @@ def load_data_config(
     declared_root = Path(yaml_root).expanduser() if yaml_root else Path(".")
     if not declared_root.is_absolute():
         declared_root = yaml_path.parent / declared_root
-    declared_root = declared_root.resolve()
+    declared_root = _resolved(declared_root, f"{shown(yaml_path)}: key 'path'")
     if root_override is not None:
-        root = Path(root_override).expanduser().resolve()
+        root = _resolved(Path(root_override).expanduser(), "the dataset root")
         original_root = declared_root
     else:
         root, original_root = declared_root, None
@@ -134,7 +167,7 @@ def load_data_config(
         for entry in entries:
             if not isinstance(entry, str):
                 raise DataError(f"{yaml_path}: key '{key}': entries must be paths, got {entry!r}")
-            path = _resolve_entry(entry, root, original_root)
+            path = _resolve_entry(entry, root, original_root, f"{shown(yaml_path)}: key '{key}'")
             if not path.exists():
                 raise DataError(f"{yaml_path}: key '{key}': {path} does not exist (root {root})")
             resolved.append(path)
@@ -151,7 +184,7 @@ def load_data_config(
             )
         if not isinstance(value, str):
             raise DataError(f"{yaml_path}: key '{key}_images' must be a folder path, got {value!r}")
-        folder = _resolve_entry(value, root, original_root)
+        folder = _resolve_entry(value, root, original_root, f"{shown(yaml_path)}: key '{key}_images'")
         if not folder.is_dir():
             raise DataError(f"{yaml_path}: key '{key}_images': {folder} is not a folder (root {root})")
         image_dirs[key] = folder

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from yolov5_smddp.bounded_read import UnreadableFile, open_regular
+
 if TYPE_CHECKING:
     import cv2
     import numpy as np
@@ -34,10 +36,13 @@ def _opencv_reason(exc: cv2.error) -> str:
 
 
 def read_bytes(path: Path | str) -> bytes:
-    """The whole file in one read. Raises ImageProblem when it cannot be read or is empty."""
+    """The whole file in one read. Raises ImageProblem when it cannot be read, is empty or is not a regular
+    file (a FIFO or a device is never opened)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read()
+    except UnreadableFile as exc:
+        raise ImageProblem(str(exc)) from None
     except OSError as exc:
         raise ImageProblem(f"cannot read the file: {exc.strerror or exc}") from None
     if not data:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from yolov5_smddp.bounded_read import UnreadableFile, open_regular
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ def read_header(path: Path | str) -> ImageHeader:
     """The format and claimed size of `path` from its first bytes (and its last, for truncation).
     Raises ImageProblem for an empty, unreadable, truncated JPEG/PNG or malformed header."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size_bytes = f.seek(0, 2)
             if size_bytes == 0:
                 raise ImageProblem("empty file (0 bytes)")
@@ -190,6 +191,8 @@ def read_header(path: Path | str) -> ImageHeader:
             f.seek(0)
             head = f.read(_FIRST_READ)
             kind, shape = _parse(f, head, tail)
+    except UnreadableFile as exc:
+        raise ImageProblem(str(exc)) from None
     except OSError as exc:
         raise ImageProblem(f"cannot be read: {exc.strerror or exc}") from exc
     except (struct.error, ValueError) as exc:

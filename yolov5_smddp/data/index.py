@@ -36,6 +36,8 @@ class ScanReport:
     messages: list[str]
     cache: str
     """How the cache was used: 'loaded', 'built' or 'built (not written: ...)'."""
+    degenerate_files: int = 0
+    """Label files with boxes of zero width or height (those rows are dropped, each file has a message)."""
 
 
 @dataclass(frozen=True, kw_only=True)

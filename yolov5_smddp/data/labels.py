@@ -2,7 +2,14 @@
 
 Discovery: a source is a folder (searched recursively for image files), a list file (.txt, one image
 path per line; relative entries resolve against the LIST FILE's folder) or one image. The label of an
-image is its path with the last `/images/` replaced by `/labels/` and the extension by `.txt`.
+image is its path with the last `/images/` replaced by `/labels/` and the extension by `.txt`. The search
+follows links to folders (also outside the dataset) but enters each folder once, by (st_dev, st_ino): a
+link cycle or a second link to a folder is named in one warning, never walked again.
+
+Only regular files are read: an image or label that is a FIFO, a device or a socket is skipped by name
+without being opened, and a label file over `MAX_LABEL_BYTES` is skipped unread. Rows of zero width or
+height are dropped and counted (`ScanReport.degenerate_files`), like duplicate rows. Names that are not
+UTF-8 are shown escaped (`bounded_read.shown`).
 
 Verification reads every image header (size, truncation) and parses every label file. Each problem is
 reported once with its file and reason and the pair is skipped; duplicate rows are dropped (reported),
@@ -28,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolov5_smddp.bounded_read import UnreadableFile, read_limited, shown
 from yolov5_smddp.data.cache import (
     CacheRejected,
     ScanTable,
@@ -54,6 +62,10 @@ IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp",
 CACHE_POLICIES = ("rebuild", "strict")
 _COORD_TOLERANCE = 1e-6
 _MAX_LOGGED_PROBLEMS = 20
+MAX_LABEL_BYTES = 1 << 20
+"""1 MiB per label file: ~25,000 boxes, far above any real image's; a larger file is skipped unread."""
+MAX_LIST_BYTES = 256 << 20
+"""A .txt list of image paths: 256 MiB (~2.5 M paths)."""
 _CHUNK = 128
 MAX_SCAN_WORKERS = 16  # the scan is I/O and decode-header bound; more threads stop helping
 
@@ -75,6 +87,7 @@ class PairFlag(IntFlag):
     BAD_LABEL = 8
     DUPLICATES = 16
     POLYGONS = 32
+    DEGENERATE = 64  # rows of zero width or height, dropped
 
 
 def _label_str(image: str) -> str:
@@ -93,22 +106,62 @@ def _is_image(name: str) -> bool:
     return os.path.splitext(name)[1][1:].lower() in IMG_FORMATS
 
 
+def _walk_images(top: str) -> tuple[list[str], list[str]]:
+    """(image files under the folder `top`, folders not entered). Links to folders are followed, wherever
+    they point, but a folder already visited through another path (a link cycle, or two links to one
+    folder) is not entered again, so a looping link cannot multiply the images or recurse forever."""
+    images, repeated = [], []
+    seen: set[tuple[int, int]] = set()
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            st = os.stat(folder)
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            repeated.append(f"{shown(folder)} ({exc.strerror or exc})")
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            repeated.append(f"{shown(folder)} (already visited: a link cycle or a second link to it)")
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for entry in entries:
+            if entry.is_dir():  # follows links; False for a broken or looping link
+                pending.append(entry.path)
+            elif _is_image(entry.name):
+                images.append(entry.path)
+    return images, repeated
+
+
 def _list_image_strs(sources: list[Path]) -> list[str]:
     found: set[str] = set()
     for source in sources:
         source = Path(source)
         if source.is_dir():
-            for dirpath, _dirs, files in os.walk(source, followlinks=True):
-                found.update(os.path.join(dirpath, name) for name in files if _is_image(name))
+            images, repeated = _walk_images(str(source))
+            found.update(images)
+            if repeated:
+                log.warning(
+                    "%s: %d folder(s) not entered during the image search, e.g. %s",
+                    shown(source),
+                    len(repeated),
+                    repeated[0],
+                )
         elif source.is_file() and source.suffix == ".txt":
-            for line in source.read_text().splitlines():
+            try:
+                text = read_limited(source, MAX_LIST_BYTES, what="image list").decode(
+                    "utf-8", "surrogateescape"
+                )
+            except (OSError, UnreadableFile) as exc:
+                raise DataError(f"image list {shown(source)}: {exc}") from None
+            for line in text.splitlines():
                 entry = line.strip()
                 if entry:
                     found.add(entry if os.path.isabs(entry) else os.path.join(source.parent, entry))
         elif source.is_file() and _is_image(source.name):
             found.add(str(source))
         else:
-            raise DataError(f"image source {source} is not a folder, a .txt list file or an image")
+            raise DataError(f"image source {shown(source)} is not a folder, a .txt list file or an image")
     return sorted({os.path.abspath(p) for p in found})
 
 
@@ -126,7 +179,7 @@ def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError("not a UTF-8 text file") from None
-    rows, flags = [], PairFlag(0)
+    rows, flags, degenerate = [], PairFlag(0), 0
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
@@ -160,15 +213,21 @@ def parse_label(data: bytes, nc: int) -> tuple[np.ndarray, PairFlag, str]:
             x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
             coords = [(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]
             flags |= PairFlag.POLYGONS
+        if coords[2] <= 0 or coords[3] <= 0:
+            degenerate += 1
+            continue
         rows.append((cls, *(min(c, 1.0) for c in coords)))
+    reasons = []
+    if degenerate:
+        reasons.append(f"{degenerate} boxes of zero width or height dropped")
+        flags |= PairFlag.DEGENERATE
     if not rows:
-        return np.zeros((0, 5), np.float32), PairFlag.EMPTY_LABEL, ""
-    reason = ""
+        return np.zeros((0, 5), np.float32), flags | PairFlag.EMPTY_LABEL, "; ".join(reasons)
     unique = list(dict.fromkeys(rows))  # keeps the first of each duplicate, in file order
     if len(unique) < len(rows):
-        reason = f"{len(rows) - len(unique)} duplicate rows dropped"
+        reasons.append(f"{len(rows) - len(unique)} duplicate rows dropped")
         flags |= PairFlag.DUPLICATES
-    return np.array(unique, dtype=np.float32), flags, reason
+    return np.array(unique, dtype=np.float32), flags, "; ".join(reasons)
 
 
 def _is_float(text: str) -> bool:
@@ -195,6 +254,8 @@ def _verify_pair(image: str, label_data: bytes | OSError | None, nc: int, max_pi
         return _PairResult((0, 0), PairFlag.BAD_IMAGE, str(exc), empty)
     if label_data is None:
         return _PairResult(shape, PairFlag.MISSING_LABEL, "", empty)
+    if isinstance(label_data, UnreadableFile):
+        return _PairResult((0, 0), PairFlag.BAD_LABEL, str(label_data), empty)
     if isinstance(label_data, OSError):
         return _PairResult(
             (0, 0), PairFlag.BAD_LABEL, f"cannot be read: {label_data.strerror or label_data}", empty
@@ -213,11 +274,10 @@ def _read_fingerprint(image: str) -> tuple[int, bytes | OSError | None]:
     except OSError:
         size = -1
     try:
-        with open(_label_str(image), "rb") as f:
-            data = f.read()
+        data = read_limited(_label_str(image), MAX_LABEL_BYTES, what="label file")
     except FileNotFoundError:
         data = None
-    except OSError as exc:
+    except (OSError, UnreadableFile) as exc:
         data = exc
     return size, data
 
@@ -235,7 +295,7 @@ def _parallel(fn, items: list, workers: int) -> list:
         return [result for chunk in pool.map(fn, chunks) for result in chunk]
 
 
-def _fingerprint_hash(data: bytes | OSError | None) -> str:
+def _fingerprint_hash(data: bytes | OSError | UnreadableFile | None) -> str:
     if data is None:
         return ""
     return label_hash(data if isinstance(data, bytes) else str(data).encode())
@@ -298,7 +358,7 @@ def build_label_index(
         )
     images = _list_image_strs(sources)
     if not images:
-        where = ", ".join(str(s) for s in sources)
+        where = ", ".join(shown(s) for s in sources)
         raise DataError(f"no images found in {where} (looked for files ending in {', '.join(IMG_FORMATS)})")
 
     for foreign in _foreign_cache_candidates(sources, images):
@@ -421,8 +481,9 @@ def _index_from_table(
     bad = (flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL)) != 0
     offsets = np.concatenate([[0], np.cumsum(table.counts)])
     messages, logged = [], []
-    for i in np.flatnonzero((flags & (PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL | PairFlag.DUPLICATES)) != 0):
-        about = images[i] if flags[i] & PairFlag.BAD_IMAGE else _label_str(images[i])
+    noted = PairFlag.BAD_IMAGE | PairFlag.BAD_LABEL | PairFlag.DUPLICATES | PairFlag.DEGENERATE
+    for i in np.flatnonzero((flags & noted) != 0):
+        about = shown(images[i] if flags[i] & PairFlag.BAD_IMAGE else _label_str(images[i]))
         messages.append(f"{about}: {table.reasons[i]}")
         logged.append(("skipped: " if bad[i] else "") + messages[-1])
     keep = np.flatnonzero(~bad)
@@ -435,6 +496,7 @@ def _index_from_table(
         bad=int(bad.sum()),
         duplicate_files=int(((flags & PairFlag.DUPLICATES) != 0).sum()),
         polygon_files=int(((flags & PairFlag.POLYGONS) != 0).sum()),
+        degenerate_files=int(((flags & PairFlag.DEGENERATE) != 0).sum()),
         boxes=int(sum(len(lb) for lb in labels)),
         messages=messages,
         cache=cache_state,
@@ -444,8 +506,8 @@ def _index_from_table(
     if len(messages) > _MAX_LOGGED_PROBLEMS:
         log.warning("... and %d more problems (see the scan report)", len(messages) - _MAX_LOGGED_PROBLEMS)
     if report.boxes == 0:
-        where = ", ".join(str(s) for s in sources)
-        example = _label_str(images[0])
+        where = ", ".join(shown(s) for s in sources)
+        example = shown(_label_str(images[0]))
         raise DataError(
             f"no usable labels in {where}: looked for one .txt per image with /images/ replaced by /labels/ "
             f"(e.g. {example}); {report.found} images, {report.missing_labels} without a label file, "

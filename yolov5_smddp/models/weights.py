@@ -20,11 +20,13 @@ import torch
 from torch import nn
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.bounded_read import not_regular_reason, shown
 from yolov5_smddp.checkpoint import FORMAT as TRAINING_CHECKPOINT_FORMAT
 from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.blocks import Conv
 from yolov5_smddp.models.release_pickle import PickledModule, ReleaseModel, read_release_checkpoint
+from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 from yolov5_smddp.models.yolo import ACTIVATION_OVERRIDES, DetectionModel, activation_names, build_model
 
 FORMAT = "yolov5-smddp/weights/v1"
@@ -129,16 +131,23 @@ def load_weights(path: str | Path) -> LoadedWeights:
     """Read ours, a bare state dict, or the release's `.pt`, never executing code from the file.
     Raises WeightsError naming the file when it is missing, unreadable or unsafe."""
     path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"weights file {path} does not exist")
+    try:
+        not_regular = not_regular_reason(path)
+    except OSError:
+        raise WeightsError(f"weights file {shown(path)} does not exist") from None
+    if not_regular:
+        raise WeightsError(f"weights file {shown(path)}: {not_regular}")
     if not zipfile.is_zipfile(path):
-        raise WeightsError(f"{path}: not a PyTorch checkpoint (expected the zip format of torch.save)")
+        raise WeightsError(f"{shown(path)}: not a PyTorch checkpoint (expected the zip format of torch.save)")
+    check_torch_file(path)  # declared sizes bounded before torch or the release reader allocates
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         return _load_release(path)  # holds more than plain data: try the release's model objects
     except Exception as exc:  # a corrupt archive raises RuntimeError, EOFError, KeyError, ...
-        raise WeightsError(f"{path}: cannot be read as a PyTorch checkpoint ({exc})") from exc
+        raise WeightsError(
+            f"{shown(path)}: cannot be read as a PyTorch checkpoint ({torch_error_line(exc)})"
+        ) from exc
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
         meta = obj["meta"]
         cfg = meta.get("cfg")

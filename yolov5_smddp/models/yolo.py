@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
+from yolov5_smddp.bounded_read import shown
+from yolov5_smddp.bounded_yaml import load_yaml, parse_yaml
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models import blocks
 from yolov5_smddp.models.detect import Detect
@@ -319,22 +320,14 @@ def load_model_config(cfg: str | Path | dict) -> dict:
 
 def _read_config_file(cfg: str | Path) -> tuple[Any, str]:
     path = Path(cfg)
-    if path.is_file():
-        text, origin = path.read_text(encoding="utf-8"), str(path)
-    else:
-        stem = path.name.removesuffix(".yaml").removesuffix(".yml")
-        if stem not in PACKAGE_CONFIGS or path.parent != Path("."):
-            raise ConfigError(
-                f"model config {str(cfg)!r}: no such file and not one of {list(PACKAGE_CONFIGS)}"
-            )
-        text = (
-            resources.files("yolov5_smddp.models").joinpath("cfg", f"{stem}.yaml").read_text(encoding="utf-8")
-        )
-        origin = f"{stem}.yaml"
-    try:
-        return yaml.safe_load(text), origin
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML ({exc})") from exc
+    if path.exists():
+        return load_yaml(path, ConfigError), shown(path)
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    if stem not in PACKAGE_CONFIGS or path.parent != Path("."):
+        raise ConfigError(f"model config {str(cfg)!r}: no such file and not one of {list(PACKAGE_CONFIGS)}")
+    text = resources.files("yolov5_smddp.models").joinpath("cfg", f"{stem}.yaml").read_text(encoding="utf-8")
+    origin = f"{stem}.yaml"
+    return parse_yaml(text, origin, ConfigError), origin
 
 
 def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...] | int:

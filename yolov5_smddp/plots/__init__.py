@@ -22,6 +22,7 @@ import torch
 from yolov5_smddp import distributed
 from yolov5_smddp.boxes import xywh_to_xyxy
 from yolov5_smddp.data.color import apply_color
+from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.metrics import match_predictions
 from yolov5_smddp.plots.confusion import ConfusionMatrix
 from yolov5_smddp.plots.curves import Curves, compute_curves
@@ -153,8 +154,17 @@ def write_validation_plots(folder: Path, recorder: ValidationPlots, names: Seque
     return time.perf_counter() - started
 
 
+def _image_or_none(path: str):
+    """BGR [h, w, 3] of `path`, None when it cannot be decoded. Not cv2.imread: OpenCV's binding crashes
+    (SIGSEGV) on a path whose name is not UTF-8."""
+    try:
+        return decode_image(path)
+    except ImageProblem:
+        return None
+
+
 def _write_val_batch(folder: Path, recorder: ValidationPlots, names: Sequence[str]) -> None:
-    images = [cv2.imread(path) for path, _, _ in recorder.first]
+    images = [_image_or_none(path) for path, _, _ in recorder.first]
     kept = [(im, gt, det) for im, (_, gt, det) in zip(images, recorder.first) if im is not None]
     write_jpeg(
         folder / "val_batch0_labels.jpg", batch_mosaic([k[0] for k in kept], [k[1] for k in kept], names)
