@@ -1,6 +1,7 @@
 """The collectives of yolov5_smddp.distributed put only float32 through all_gather / broadcast /
 all_reduce(SUM) / barrier, and carry any dtype exactly; the strict SMDDP stand-in refuses the rest."""
 
+import datetime
 import multiprocessing
 import sys
 from pathlib import Path
@@ -122,7 +123,9 @@ def _worker(rank: int, folder: str, queue) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("smddp", store=dist.FileStore(f"{folder}/store", 2), rank=rank, world_size=2)
+    store = dist.FileStore(f"{folder}/store", 2)
+    timeout = datetime.timedelta(seconds=30)  # a collective that should have been refused may hang: bounded
+    dist.init_process_group("smddp", store=store, rank=rank, world_size=2, timeout=timeout)
     distributed._state.update(rank=rank, world_size=2, device=torch.device("cpu"))
     try:
         big = torch.tensor([INT64_EDGES] * (3 - 2 * rank), dtype=torch.int64) + rank  # 3 rows, then 1
@@ -146,6 +149,8 @@ def _worker(rank: int, folder: str, queue) -> None:
         state = {k: v.tolist() for k, v in module.state_dict().items()}
         queue.put((rank, rows, empty, ints, state, [str(d) for d in broadcasts], _refusals()))
         distributed.barrier()
+    except Exception as exc:  # reported to the test at once, rather than by its timeout
+        queue.put((rank, f"{type(exc).__name__}: {exc}"))
     finally:
         distributed.destroy()
 
@@ -156,10 +161,15 @@ def test_two_ranks_under_the_strict_standin(tmp_path):
     procs = [ctx.Process(target=_worker, args=(r, str(tmp_path), queue)) for r in range(2)]
     for proc in procs:
         proc.start()
-    results = {r[0]: r[1:] for r in (queue.get(timeout=120) for _ in procs)}
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    try:
+        results = {r[0]: r[1:] for r in (queue.get(timeout=180) for _ in procs)}
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+    failed = {rank: result[0] for rank, result in results.items() if len(result) == 1}
+    assert not failed and [proc.exitcode for proc in procs] == [0, 0]
     torch.manual_seed(0)
     reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     reference[1].running_mean.uniform_()
