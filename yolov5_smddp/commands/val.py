@@ -281,8 +281,8 @@ def _validate(args: argparse.Namespace, info) -> int:
 
     def collect(path: str, dets) -> None:
         scored.append(positions[path])
-        rows = torch.cat([torch.full((dets.shape[0], 1), float(positions[path])), dets[:, :6].cpu()], 1)
-        detection_rows.append(rows.double())
+        position = torch.full((dets.shape[0], 1), float(positions[path]), dtype=torch.float64)
+        detection_rows.append(torch.cat([position, dets[:, :6].detach().cpu().double()], 1))
 
     started = time.perf_counter()
     metrics = evaluate(
