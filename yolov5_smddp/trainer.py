@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -63,7 +64,7 @@ from yolov5_smddp.engine import (
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WeightsError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.metrics import DetectionMetrics, results_table
-from yolov5_smddp.models.autoanchor import autoanchor
+from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import load_model_config
@@ -565,7 +566,7 @@ def build_detection_model(
             anchor_t=anchor_t,
             seed=config.seed,
             main=main,
-            share=distributed.broadcast_object,
+            share=functools.partial(share_anchor_check, anchors=model.detect.anchors.numel() // 2),
         )
     freeze_layers(model, config.freeze)
     model.to(device)
@@ -675,8 +676,8 @@ def resume(run: Run, resumable: Path | None, saved: dict[str, Any] | None) -> ch
             )
     # a checkpoint folder that is not shared or synced to every node would silently desynchronise
     # optimizer states
-    agreed = distributed.broadcast_object((state.epoch, state.iteration))
-    if tuple(agreed) != (state.epoch, state.iteration):
+    agreed = distributed.broadcast_ints((state.epoch, state.iteration))
+    if agreed != (state.epoch, state.iteration):
         raise WeightsError(
             f"rank {run.info.rank} would resume at epoch {state.epoch + 1} but rank 0 at epoch {agreed[0] + 1}: "
             f"--checkpoint-dir {run.dirs.checkpoint_dir} must hold the same last.pt on every node"
@@ -874,6 +875,7 @@ def run_epochs(
                 recorder = plots.ValidationPlots(
                     index.images, index.shapes, index.labels, bundle.nc, keep_first=main
                 )
+            distributed.broadcast_module(run.stack.ema.module)  # one model: rank 0's EMA, buffers too
             metrics = validate(
                 run,
                 run.stack.ema.module,
@@ -898,7 +900,7 @@ def run_epochs(
             outcome.final_metrics = metrics if metrics is not None else outcome.final_metrics
         # rank 0 decides for everyone: early stop, or SIGTERM seen during validation
         stop_early = main and config.patience > 0 and state.stale_epochs >= config.patience
-        stop_early, sigterm = distributed.broadcast_object((stop_early, main and stop.requested))
+        stop_early, sigterm = map(bool, distributed.broadcast_ints((stop_early, main and stop.requested)))
         if sigterm and epoch + 1 < run.epochs:
             if main:
                 print(
@@ -933,11 +935,18 @@ def run_epochs(
     return outcome
 
 
+def share_anchor_check(check: AnchorCheck | None, *, anchors: int) -> AnchorCheck:
+    """AutoAnchor's `share`: rank 0's check (None elsewhere) on every rank, one float broadcast of
+    `AnchorCheck.to_vector()` (`anchors`: the model's anchor count, nl * na)."""
+    vector = check.to_vector() if check is not None else np.zeros(4 + 2 * anchors)
+    return AnchorCheck.from_vector(distributed.broadcast_tensor(torch.from_numpy(vector)).numpy())
+
+
 def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epochs_done: int) -> None:
     """--time, after an epoch's training: rank 0 plans the run's epochs from the measured epoch times
     (budget.py), every rank takes its count (the schedule follows it); the state records the seconds used
     and the plan for the checkpoint."""
-    planned = distributed.broadcast_object(budget.plan(epochs_done) if run.main else None)
+    (planned,) = distributed.broadcast_ints((budget.plan(epochs_done) if run.main else 0,))
     if run.main and planned != run.epochs:
         log.info(
             "time budget: %.3g of %.3g h used, the last epoch %.1f s: %d epochs in all (was %d)",
@@ -1082,7 +1091,7 @@ def validate_best(
     and when `should_stop()` turns true (SIGTERM) on any rank."""
     ema = run.stack.ema
     best_path = run.dirs.checkpoint_dir / checkpoint.BEST
-    if not distributed.broadcast_object(best_path.is_file() if run.main else None):
+    if not distributed.broadcast_ints((run.main and best_path.is_file(),))[0]:
         return None
     if run.main:
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])

@@ -49,7 +49,7 @@ for cycle in range(cycles):
     store = dist.FileStore(f"{folder}/store{cycle}", 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     dist.all_reduce(torch.ones(16))  # Python lets go of the tensor; Gloo's worker may still hold it
-    distributed.broadcast_object(cycle)
+    distributed.broadcast_ints((cycle,))
     distributed.destroy()
 print(f"rank {rank}: {cycles} cycles", flush=True)
 """

@@ -1,5 +1,7 @@
 """The trainer itself under two ranks (torchrun + the smddp stand-in backend, mpirun + Gloo), then a
-resume of that checkpoint on a different world size (one process)."""
+resume of that checkpoint on a different world size (one process). The stand-in is strict (it refuses every
+collective and dtype SMDDP does not support), so its runs prove that training, validation, AutoAnchor, the
+resume agreement, the stop flags and --time's plan use only SMDDP's collectives on float tensors."""
 
 import csv
 import json
@@ -99,14 +101,14 @@ def test_two_ranks_mpirun_gloo(tmp_path, data):
 
 
 def test_two_ranks_agree_on_the_time_budgets_plan(tmp_path, data):
-    """--time under torchrun + Gloo: rank 0 plans (every epoch counted as 10 s of a 36 s budget: 3 epochs in
-    all, no wall time involved) and both ranks stop after epoch 3; a rank left on --epochs 10 would wait in
-    the next epoch's collectives until --dist-timeout and fail the run."""
+    """--time under torchrun + the strict smddp stand-in: rank 0 plans (every epoch counted as 10 s of a 36 s
+    budget: 3 epochs in all, no wall time involved) and both ranks stop after epoch 3; a rank left on
+    --epochs 10 would wait in the next epoch's collectives until --dist-timeout and fail the run."""
     out = tmp_path / "run"
     budget = ("--time", "0.01", "--inject-epoch-seconds", "10", "--dist-timeout", "120")
-    program = [*_train_module(), *_options(out, data, "--backend", "gloo", "--epochs", "10", *budget)]
-    proc = torchrun(program).run(timeout=600)
-    assert "backend=gloo world_size=2" in proc.stdout and "3 epochs in all (was 10)" in proc.stdout
+    program = [*_train_module(), *_options(out, data, "--backend", "smddp", "--epochs", "10", *budget)]
+    proc = torchrun(program, standin=True).run(timeout=600)
+    assert "backend=smddp world_size=2" in proc.stdout and "3 epochs in all (was 10)" in proc.stdout
     assert "teardown watchdog" not in proc.stdout + proc.stderr  # every rank left by itself
     _check_run(out, proc.stdout, 3)
 

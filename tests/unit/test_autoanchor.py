@@ -123,7 +123,7 @@ def test_every_rank_takes_rank_0s_anchors(thin):
     shapes, labels = thin
     shared: list[AnchorCheck] = []
 
-    def broadcast(obj):  # what distributed.broadcast_object does: rank 0's object on every rank
+    def broadcast(obj):  # what trainer.share_anchor_check does: rank 0's check on every rank
         if obj is not None:
             shared.append(obj)
         return shared[0]

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
@@ -98,6 +99,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="label cache folder (default $XDG_CACHE_HOME/yolov5-smddp, else ~/.cache/yolov5-smddp); "
         "nothing is ever written under the dataset",
     )
+
+
+def detection_json(row: Sequence[float], image_ids: Sequence[int], category_ids: Sequence[int]) -> dict:
+    """One COCO result from a gathered detection row (position in the index, x1, y1, x2, y2, score,
+    class), with the result ids of that position and class."""
+    position, x1, y1, x2, y2, score, cls = row
+    return {
+        "image_id": image_ids[int(position)],
+        "category_id": category_ids[int(cls)],
+        "bbox": [x1, y1, x2 - x1, y2 - y1],
+        "score": score,
+    }
 
 
 def _coco_ground_truth(index, scored: set[str]) -> dict:
@@ -260,25 +273,16 @@ def _validate(args: argparse.Namespace, info) -> int:
     if main:
         log.info("val: %s", split_summary(len(dataset), args.batch_size, info.world_size))
     # result ids: positions in the index, or the COCO JSON's own image and category ids
-    json_ids = index.coco.image_ids.tolist() if index.coco is not None else range(len(index.images))
-    image_ids = {str(p): i for p, i in zip(index.images, json_ids)}
+    json_ids = index.coco.image_ids.tolist() if index.coco is not None else list(range(len(index.images)))
+    positions = {str(p): i for i, p in enumerate(index.images)}
     category_ids = index.coco.category_ids if index.coco is not None else range(nc)
-    detections_json: list[dict] = []
-    scored: set[str] = set()
+    detection_rows: list[torch.Tensor] = []  # float64 [k, 7] per image: position, x1, y1, x2, y2, score, cls
+    scored: list[int] = []  # index positions of the images this rank scored
 
     def collect(path: str, dets) -> None:
-        scored.add(path)
-        for (x1, y1, x2, y2), score, cls in zip(
-            dets[:, :4].tolist(), dets[:, 4].tolist(), dets[:, 5].tolist()
-        ):
-            detections_json.append(
-                {
-                    "image_id": image_ids[path],
-                    "category_id": category_ids[int(cls)],
-                    "bbox": [x1, y1, x2 - x1, y2 - y1],
-                    "score": score,
-                }
-            )
+        scored.append(positions[path])
+        position = torch.full((dets.shape[0], 1), float(positions[path]), dtype=torch.float64)
+        detection_rows.append(torch.cat([position, dets[:, :6].detach().cpu().double()], 1))
 
     started = time.perf_counter()
     metrics = evaluate(
@@ -293,11 +297,17 @@ def _validate(args: argparse.Namespace, info) -> int:
         gather=True,
     )
     seconds = time.perf_counter() - started  # rank 0: its shard, then the gather
-    if args.save_json and info.distributed:
-        # every rank's detections and scored paths, in rank order (the ids are the shared index's)
-        parts = distributed.all_gather_objects((detections_json, sorted(scored)))
-        detections_json = [d for part, _ in parts for d in part]
-        scored = {path for _, paths in parts for path in paths}
+    detections_json: list[dict] = []
+    scored_paths: set[str] = set()
+    if args.save_json:
+        # every rank's detection rows and scored positions, in rank order (positions in the shared index),
+        # as plain float64 tensors (all_gather_rows ships them exactly as float32: nothing else on the wire)
+        own = torch.cat(detection_rows) if detection_rows else torch.zeros((0, 7), dtype=torch.float64)
+        all_rows = torch.cat(distributed.all_gather_rows(own)).tolist()
+        own_scored = torch.tensor(scored, dtype=torch.float64).view(-1, 1)
+        gathered = torch.cat(distributed.all_gather_rows(own_scored)).view(-1).tolist()
+        scored_paths = {str(index.images[int(i)]) for i in gathered}
+        detections_json = [detection_json(row, json_ids, category_ids) for row in all_rows]
     undecodable = torch.tensor([float(dataset.undecodable_samples.value)], device=device)
     undecodable = int(distributed.all_reduce_sum(undecodable).item())  # every rank's share
     if not main:
@@ -331,9 +341,9 @@ def _validate(args: argparse.Namespace, info) -> int:
         out.mkdir(parents=True, exist_ok=True)
         gt_path = out / "ground_truth.json"
         if index.coco is not None:
-            gt = _coco_json_ground_truth(index, scored, names)
+            gt = _coco_json_ground_truth(index, scored_paths, names)
         else:
-            gt = _coco_ground_truth(index, scored)
+            gt = _coco_ground_truth(index, scored_paths)
             gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(names)]
         gt_path.write_text(json.dumps(gt), encoding="utf-8")
         (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")

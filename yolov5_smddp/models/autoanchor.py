@@ -63,6 +63,26 @@ class AnchorCheck:
             )
         return head + f"; fitted anchors reach only {self.bpr_after:.4f}: current anchors kept"
 
+    def to_vector(self) -> np.ndarray:
+        """float64 [4 + 2 * anchors]: bpr_before, bpr_after, changed (0/1), boxes, then anchors_px row by
+        row — what a broadcast of plain floats carries to the other ranks (`from_vector` inverts it)."""
+        head = [self.bpr_before, self.bpr_after, float(self.changed), float(self.boxes)]
+        return np.concatenate(
+            [np.asarray(head, np.float64), np.asarray(self.anchors_px, np.float64).reshape(-1)]
+        )
+
+    @staticmethod
+    def from_vector(vector: np.ndarray) -> AnchorCheck:
+        """The AnchorCheck `to_vector` encoded (anchors_px float32 [anchors, 2], as check_anchors makes them)."""
+        values = np.asarray(vector, np.float64)
+        return AnchorCheck(
+            float(values[0]),
+            float(values[1]),
+            values[4:].reshape(-1, 2).astype(np.float32),
+            bool(values[2]),
+            int(values[3]),
+        )
+
 
 def _pairs(anchors: np.ndarray) -> str:
     return " ".join(f"{w:.0f},{h:.0f}" for w, h in anchors)
@@ -233,7 +253,7 @@ def autoanchor(
     share: Callable[[Any], Any],
 ) -> AnchorCheck:
     """Run `check_anchors` on the main rank, hand its result to every rank with `share` (a broadcast from
-    rank 0, e.g. `distributed.broadcast_object`), log it, and put the anchors into the model."""
+    rank 0, e.g. of `AnchorCheck.to_vector()`), log it, and put the anchors into the model."""
     result = share(check_anchors(model, shapes_hw, labels, imgsz, anchor_t, seed) if main else None)
     if main:
         log.info(result.line())

@@ -1,17 +1,66 @@
 """Test stand-in for `smdistributed.dataparallel.torch.torch_smddp`.
 
 Importing the real module registers the "smddp" process-group backend. This stand-in registers a
-backend of the same name that delegates every collective to Gloo, so that
-`torch.distributed.init_process_group("smddp")` and everything after it (DDP, all_reduce, broadcast,
-barrier) runs for real in tests, on CPU. Put `tests/standin_smddp` on PYTHONPATH to use it.
+backend of the same name that delegates to Gloo, so that `torch.distributed.init_process_group("smddp")`
+and everything after it (DDP, all_reduce, broadcast, barrier) runs for real in tests, on CPU. Put
+`tests/standin_smddp` on PYTHONPATH to use it.
+
+It is STRICT: while the default process group's backend is "smddp", torch.distributed's Python
+collectives accept only what AWS lists for SMDDP — all_reduce (ReduceOp.SUM), broadcast, all_gather,
+all_to_all_single and barrier (without device_ids), on the default group, on dense float tensors
+(float32, float16, bfloat16) — and raise `SmddpUnsupported` for anything else: the `*_object`
+collectives, gather/scatter/reduce/reduce_scatter, all_gather_into_tensor, point-to-point, new_group,
+ReduceOp.AVG (and every op but SUM), integer/bool/float64 tensors. The wrappers replace the functions in
+both `torch.distributed` and `torch.distributed.distributed_c10d` (torch's own object collectives call
+the latter's), and pass everything through untouched under any other backend. DDP's reducer and its
+parameter broadcast run in C++ and are SMDDP's own business: they are not seen here.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 # torch calls the creator once per device type listed in `devices`; both must share one Gloo group.
 _groups: dict[int, object] = {}
+
+SUPPORTED = ("all_reduce", "broadcast", "all_gather", "all_to_all_single", "barrier")
+REFUSED = (
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+    "gather",
+    "scatter",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "monitored_barrier",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "_reduce_scatter_base",
+    "_all_gather_base",
+)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class SmddpUnsupported(RuntimeError):
+    """A collective, an argument or a dtype that SMDDP does not support (as AWS documents it)."""
 
 
 def _create_gloo_backend(store, group_rank, group_size, timeout):
@@ -22,5 +71,105 @@ def _create_gloo_backend(store, group_rank, group_size, timeout):
     return _groups[key]
 
 
+def _smddp_active() -> bool:
+    return dist.is_initialized() and dist.get_backend() == "smddp"
+
+
+def _check_group(name: str, group) -> None:
+    if group is not None and group is not dist.GroupMember.WORLD and group is not c10d._get_default_group():
+        raise SmddpUnsupported(f"smddp stand-in: {name} on a sub-group (SMDDP has no new_group)")
+
+
+def _check_tensors(name: str, tensors) -> None:
+    for tensor in tensors:
+        if tensor.layout != torch.strided or tensor.dtype not in FLOAT_DTYPES:
+            raise SmddpUnsupported(
+                f"smddp stand-in: {name} on a {tensor.dtype} {tensor.layout} tensor; SMDDP is given dense "
+                f"float tensors only ({', '.join(str(d) for d in FLOAT_DTYPES)})"
+            )
+
+
+def _all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    _check_group("all_reduce", group)
+    _check_tensors("all_reduce", [tensor])
+    if op != dist.ReduceOp.SUM:
+        raise SmddpUnsupported(f"smddp stand-in: all_reduce with {op} (SMDDP: no AVG; only SUM is used here)")
+    return _ORIGINAL["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+
+
+def _broadcast(tensor, src, group=None, async_op=False):
+    _check_group("broadcast", group)
+    _check_tensors("broadcast", [tensor])
+    return _ORIGINAL["broadcast"](tensor, src, group=group, async_op=async_op)
+
+
+def _all_gather(tensor_list, tensor, group=None, async_op=False):
+    _check_group("all_gather", group)
+    _check_tensors("all_gather", [tensor, *tensor_list])
+    return _ORIGINAL["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+
+
+def _all_to_all_single(
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+):
+    _check_group("all_to_all_single", group)
+    _check_tensors("all_to_all_single", [output, input])
+    return _ORIGINAL["all_to_all_single"](
+        output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+    )
+
+
+def _barrier(group=dist.GroupMember.WORLD, async_op=False, device_ids=None):
+    _check_group("barrier", group)
+    if device_ids is not None:
+        raise SmddpUnsupported("smddp stand-in: barrier(device_ids=...) (SMDDP rejects device_ids)")
+    return _ORIGINAL["barrier"](group=group, async_op=async_op)
+
+
+_CHECKED = {
+    "all_reduce": _all_reduce,
+    "broadcast": _broadcast,
+    "all_gather": _all_gather,
+    "all_to_all_single": _all_to_all_single,
+    "barrier": _barrier,
+}
+_ORIGINAL: dict[str, object] = {}
+
+
+def _refusing(name: str):
+    def refuse(*args, **kwargs):
+        raise SmddpUnsupported(
+            f"smddp stand-in: torch.distributed.{name} is not supported by SMDDP (AWS lists "
+            f"{', '.join(SUPPORTED)}); use yolov5_smddp.distributed's float32 helpers"
+        )
+
+    return refuse
+
+
+def _strict(name: str, original, checked):
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        return checked(*args, **kwargs) if _smddp_active() else original(*args, **kwargs)
+
+    call.__smddp_standin__ = True
+    return call
+
+
+def _install() -> None:
+    """Wrap torch.distributed's collectives once per process (idempotent)."""
+    if getattr(c10d.broadcast, "__smddp_standin__", False):
+        return
+    for name in (*SUPPORTED, *REFUSED):
+        original = getattr(c10d, name, None)
+        if original is None:  # not in this torch version
+            continue
+        _ORIGINAL[name] = original
+        wrapper = _strict(name, original, _CHECKED.get(name) or _refusing(name))
+        setattr(c10d, name, wrapper)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapper)
+
+
 if "smddp" not in dist.Backend.backend_list:
     dist.Backend.register_backend("smddp", _create_gloo_backend, devices=["cpu", "cuda"])
+_install()
