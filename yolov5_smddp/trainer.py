@@ -117,11 +117,12 @@ def build_optimizer(
         {"params": weights, "name": "weight", "weight_decay": weight_decay},
         {"params": norms, "name": "norm", "weight_decay": 0.0},
     ]
+    # fused: one kernel per group and device (engine.use_fused_kernels says why the step relies on it)
     if name == "SGD":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, fused=True)
     if name == "Adam":
-        return torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999))
-    return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+        return torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999), fused=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), fused=True)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:

@@ -62,6 +62,8 @@ class StepResult:
     peak_memory_mb: float
     achieved_tflops: float
     mfu: float | None  # None without a known peak (CPU without --peak-tflops)
+    host_ms: float  # host time spent issuing a step (micro_step + optimizer_step calls); = step on CPU
+    ops_per_step: int  # operators dispatched by one more step (bench.opcount), all of the step
 
 
 def combinations(
@@ -85,6 +87,8 @@ def summarise(
     peak_memory_mb: float,
     flops_per_sample: float,
     peak: float | None,
+    host_s: float,
+    ops_per_step: int,
 ) -> StepResult:
     """Totals over `iters` measured steps → per-step means, throughput, utilisation."""
     samples_per_s = combo.batch * iters / wall_s
@@ -104,6 +108,8 @@ def summarise(
         peak_memory_mb=peak_memory_mb,
         achieved_tflops=flops_per_sample * samples_per_s / 1e12,
         mfu=model_flop_utilisation(flops_per_sample, samples_per_s, peak),
+        host_ms=host_s / iters * 1e3,
+        ops_per_step=ops_per_step,
     )
 
 
@@ -259,6 +265,7 @@ def measure(
     clipping, the non-finite guard and the EMA update included)."""
     import torch
 
+    from yolov5_smddp.bench.opcount import count_operators
     from yolov5_smddp.engine import TrainStep, resolve_amp
     from yolov5_smddp.models.yolo import build_model
 
@@ -292,20 +299,26 @@ def measure(
     synchronize()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    data_wait = 0.0
+    data_wait = host = 0.0
     start = time.perf_counter()
     for _ in range(args.iters):
         fetch = time.perf_counter()
         images, targets, color = next(batches)
-        data_wait += time.perf_counter() - fetch
+        issue = time.perf_counter()
+        data_wait += issue - fetch
         clock.start()
         step.micro_step(images, targets, sync=True, color=color)
         clock.after_backward()
         step.optimizer_step()
         clock.after_optimizer()
+        host += time.perf_counter() - issue
     synchronize()
     wall = time.perf_counter() - start
     totals = clock.totals()
+    images, targets, color = next(batches)
+    ops = count_operators(
+        lambda: (step.micro_step(images, targets, sync=True, color=color), step.optimizer_step())
+    )
     return summarise(
         combo,
         iters=args.iters,
@@ -316,13 +329,15 @@ def measure(
         peak_memory_mb=_peak_memory_mb(device.type),
         flops_per_sample=flops_for(nc),
         peak=peak,
+        host_s=host,
+        ops_per_step=ops.total,
     )
 
 
 def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combination, str]] = ()) -> str:
     header = (
         f"{'batch':>5} {'amp':>4} {'ch_last':>7} {'img/s/GPU':>10} {'step ms':>9} {'data ms':>8} "
-        f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6}"
+        f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6} {'host ms':>8} {'ops':>6}"
     )
     rows = [header]
     for r in results:
@@ -330,7 +345,8 @@ def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combina
         rows.append(
             f"{r.batch:>5} {r.amp:>4} {('on' if r.channels_last else 'off'):>7} {r.samples_per_s_per_gpu:>10.2f} "
             f"{r.step_ms:>9.1f} {r.data_wait_ms:>8.2f} {r.forward_backward_ms:>8.1f} {r.optimizer_ms:>7.1f} "
-            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6}"
+            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6} "
+            f"{r.host_ms:>8.1f} {r.ops_per_step:>6}"
         )
     for c, error in failures:
         rows.append(f"{c.batch:>5} {c.amp:>4} {('on' if c.channels_last else 'off'):>7}  failed: {error}")
