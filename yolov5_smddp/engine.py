@@ -81,6 +81,32 @@ def resolve_amp(requested: str, device_type: str, bf16_supported: bool) -> AmpPo
     return AmpPolicy(mode, device_type)
 
 
+@dataclass(frozen=True)
+class CompilePlan:
+    """How `--compile` wraps the model: torch.compile's `mode` and the one line that says why."""
+
+    mode: str
+    reason: str
+
+
+def compile_plan(device_type: str, *, rect: bool, multi_scale: bool) -> CompilePlan:
+    """reduce-overhead (the forward and backward replayed as CUDA graphs: one launch each instead of
+    one per kernel) on CUDA when every batch has one shape (mosaic at a fixed imgsz); the default mode
+    otherwise: graphs recorded per shape would be recaptured for --rect's and --multi-scale's shapes."""
+    if device_type != "cuda":
+        return CompilePlan("default", "torch.compile mode default: CUDA graphs need a CUDA device")
+    changing = [name for name, on in (("--rect", rect), ("--multi-scale", multi_scale)) if on]
+    if changing:
+        verb = "change" if len(changing) > 1 else "changes"
+        return CompilePlan(
+            "default",
+            f"torch.compile mode default, no CUDA graphs: {' and '.join(changing)} {verb} the batch shape",
+        )
+    return CompilePlan(
+        "reduce-overhead", "torch.compile mode reduce-overhead: fixed batch shape, CUDA graphs"
+    )
+
+
 def prepare_images(
     imgs: torch.Tensor, device: torch.device, channels_last: bool, color: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -55,6 +55,7 @@ from yolov5_smddp.engine import (
     EpochResult,
     TrainStep,
     accumulation,
+    compile_plan,
     evaluate,
     resolve_amp,
     step_settings,
@@ -708,7 +709,12 @@ def build_step(run: Run) -> TrainStep:
     if info.distributed:
         net = wrap_ddp(run.model, run.device)
     if config.compile:
-        net = torch.compile(net)
+        plan = compile_plan(run.device.type, rect=config.rect, multi_scale=config.multi_scale)
+        if run.main:
+            log.info(
+                "%s; compiling during the first steps (minutes for yolov5x; each shape once)", plan.reason
+            )
+        net = torch.compile(net, mode=plan.mode)
     return TrainStep(
         net,
         run.stack.criterion,

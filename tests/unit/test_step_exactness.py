@@ -178,3 +178,20 @@ def test_ema_refuses_a_model_of_another_precision():
     ema = ModelEMA(model)
     with pytest.raises(ValueError, match="weight is torch.float16"):
         ema.update(torch.nn.Linear(2, 2).half())
+
+
+@pytest.mark.slow
+def test_the_compiled_step_equals_the_eager_step():
+    """torch.compile's graph capture of forward and backward (AOTAutograd; the aot_eager backend runs
+    the captured graphs without generating code, so this runs without a compiler) trains as the eager
+    step: same loss, same parameters after two steps."""
+    eager_model, compiled_model = _model(), _model()
+    eager, compiled = _step(eager_model), _step(compiled_model)
+    compiled.model = torch.compile(compiled_model, backend="aot_eager")
+    for imgs, targets in _batches()[:2]:
+        want = eager.micro_step(imgs, targets, sync=True)
+        got = compiled.micro_step(imgs, targets, sync=True)
+        eager.optimizer_step()
+        compiled.optimizer_step()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    _close(list(compiled_model.named_parameters()), list(eager_model.parameters()), "parameter")
