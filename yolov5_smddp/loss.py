@@ -92,7 +92,8 @@ class YoloLoss:
         device = detect.anchors.device
         self.nc, self.na, self.nl = detect.nc, detect.na, detect.nl
         self.anchors = detect.anchors.detach().float()  # [nl, na, 2] grid units
-        self.balance = torch.tensor(OBJ_BALANCE.get(detect.nl, OBJ_BALANCE_OTHER[: detect.nl]), device=device)
+        self.balance = OBJ_BALANCE.get(detect.nl, OBJ_BALANCE_OTHER[: detect.nl])
+        self._balance = torch.tensor(self.balance, device=device)  # [nl], weighting the per-level means
         self.gains = (float(hyp["box"]), float(hyp["obj"]), float(hyp["cls"]))
         self.anchor_t = float(hyp["anchor_t"])
         self.gamma = float(hyp["fl_gamma"])
@@ -115,7 +116,7 @@ class YoloLoss:
         if self.anchors.device != device:  # the model moved after the loss was built
             self.anchors, self.offsets = self.anchors.to(device), self.offsets.to(device)
             self.obj_pw, self.cls_pw = self.obj_pw.to(device), self.cls_pw.to(device)
-            self.balance = self.balance.to(device)
+            self._balance = self._balance.to(device)
         batch, na = preds[0].shape[0], self.na
         layout = self._layout(tuple((p.shape[2], p.shape[3]) for p in preds), batch, device)
         targets = targets.to(device=device, dtype=torch.float32)
@@ -140,7 +141,7 @@ class YoloLoss:
         obj_logits = torch.cat([pred[..., 4].float().reshape(-1) for pred in preds])
         obj_bce = _bce(obj_logits, tobj[: layout.total], self.obj_pw, self.gamma)
         level_means = torch.stack([part.mean() for part in obj_bce.split(layout.cells)])
-        lobj = (level_means * self.balance[:levels]).sum().reshape(1)
+        lobj = (level_means * self._balance[:levels]).sum().reshape(1)
 
         if self.nc > 1:
             tcls = torch.full_like(picked[:, 5:], self.cls_neg)
