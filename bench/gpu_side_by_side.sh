@@ -108,7 +108,7 @@ for path in sorted(folder.glob("ours_*.json")):
         ref = release.get((cfg, r["batch"]))
         ratio = "-" if ref is None else f"{r['samples_per_s_per_gpu'] / ref[0]:.2f}"
         print(f"{path.stem:<22}{r['batch']:>6}{r['amp']:>6}{('on' if r['channels_last'] else 'off'):>8}"
-              f"{r['samples_per_s_per_gpu']:>9.1f}{r['step_ms']:>9.1f}{mfu:>7}{r['ops_per_step']:>7}"
+              f"{r['samples_per_s_per_gpu']:>9.1f}{r['step_ms']:>9.1f}{mfu:>7}{r['ops_per_step'] or '-':>7}"
               f"{r['host_ms']:>9.1f}{r['first_step_ms'] / 1e3:>11.1f}{ratio:>10}")
     for f in report.get("failures", []):
         print(f"{path.stem:<22}{f['batch']:>6}{f['amp']:>6}  {f['error']}")

@@ -63,7 +63,7 @@ class StepResult:
     achieved_tflops: float
     mfu: float | None  # None without a known peak (CPU without --peak-tflops)
     host_ms: float  # host time spent issuing a step (micro_step + optimizer_step calls); = step on CPU
-    ops_per_step: int  # operators dispatched by one more step (bench.opcount), all of the step
+    ops_per_step: int | None  # operators one more step dispatches (bench.opcount); None with --compile
     first_step_ms: float  # the first warmup step alone (with --compile: compiling included)
 
 
@@ -89,7 +89,7 @@ def summarise(
     flops_per_sample: float,
     peak: float | None,
     host_s: float,
-    ops_per_step: int,
+    ops_per_step: int | None,
     first_step_s: float = 0.0,
 ) -> StepResult:
     """Totals over `iters` measured steps → per-step means, throughput, utilisation."""
@@ -333,10 +333,12 @@ def measure(
     synchronize()
     wall = time.perf_counter() - start
     totals = clock.totals()
-    images, targets, color = next(batches)
-    ops = count_operators(
-        lambda: (step.micro_step(images, targets, sync=True, color=color), step.optimizer_step())
-    )
+    ops = None  # compiled code under a dispatch mode would run uncompiled (or recompile): not counted
+    if not args.compile:
+        images, targets, color = next(batches)
+        ops = count_operators(
+            lambda: (step.micro_step(images, targets, sync=True, color=color), step.optimizer_step())
+        ).total
     return summarise(
         combo,
         iters=args.iters,
@@ -348,7 +350,7 @@ def measure(
         flops_per_sample=flops_for(nc),
         peak=peak,
         host_s=host,
-        ops_per_step=ops.total,
+        ops_per_step=ops,
         first_step_s=first_step,
     )
 
@@ -365,7 +367,7 @@ def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combina
             f"{r.batch:>5} {r.amp:>4} {('on' if r.channels_last else 'off'):>7} {r.samples_per_s_per_gpu:>10.2f} "
             f"{r.step_ms:>9.1f} {r.data_wait_ms:>8.2f} {r.forward_backward_ms:>8.1f} {r.optimizer_ms:>7.1f} "
             f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6} "
-            f"{r.host_ms:>8.1f} {r.ops_per_step:>6}"
+            f"{r.host_ms:>8.1f} {'-' if r.ops_per_step is None else r.ops_per_step:>6}"
         )
     for c, error in failures:
         rows.append(f"{c.batch:>5} {c.amp:>4} {('on' if c.channels_last else 'off'):>7}  failed: {error}")
