@@ -97,6 +97,32 @@ def resolve_amp(requested: str, device_type: str, capability: tuple[int, int] | 
     return AmpPolicy(requested, device_type, f"--amp {requested}")
 
 
+@dataclass(frozen=True)
+class CompilePlan:
+    """How `--compile` wraps the model: torch.compile's `mode` and the one line that says why."""
+
+    mode: str
+    reason: str
+
+
+def compile_plan(device_type: str, *, rect: bool, multi_scale: bool) -> CompilePlan:
+    """reduce-overhead (the forward and backward replayed as CUDA graphs: one launch each instead of
+    one per kernel) on CUDA when every batch has one shape (mosaic at a fixed imgsz); the default mode
+    otherwise: graphs recorded per shape would be recaptured for --rect's and --multi-scale's shapes."""
+    if device_type != "cuda":
+        return CompilePlan("default", "torch.compile mode default: CUDA graphs need a CUDA device")
+    changing = [name for name, on in (("--rect", rect), ("--multi-scale", multi_scale)) if on]
+    if changing:
+        verb = "change" if len(changing) > 1 else "changes"
+        return CompilePlan(
+            "default",
+            f"torch.compile mode default, no CUDA graphs: {' and '.join(changing)} {verb} the batch shape",
+        )
+    return CompilePlan(
+        "reduce-overhead", "torch.compile mode reduce-overhead: fixed batch shape, CUDA graphs"
+    )
+
+
 def prepare_images(
     imgs: torch.Tensor, device: torch.device, channels_last: bool | None, color: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -140,6 +166,7 @@ class TrainStep:
     def __post_init__(self) -> None:
         self.nonfinite_run = self.nonfinite_run.to(self.device)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        use_fused_kernels(self.optimizer)
 
     def micro_step(
         self,
@@ -173,26 +200,45 @@ class TrainStep:
         return items.detach()
 
     def optimizer_step(self) -> None:
-        """Unscale → clip the gradient norm at 10 → step → zero grads → EMA update.
+        """Unscale (fp16) → clip the gradient norm at 10 → step → zero grads → EMA update, without a
+        host sync and without a per-tensor loop: the norm is one foreach reduction, the update one fused
+        kernel per parameter group, the EMA one foreach lerp.
 
-        A non-finite gradient norm skips the update without a host sync: with fp16 the GradScaler skips
-        it; otherwise the gradients are zeroed on the device (momentum and weight decay still act).
-        `nonfinite_run` counts consecutive non-finite steps on the device.
+        A non-finite gradient norm skips the update on the device: the fused step reads `found_inf`
+        (GradScaler's for fp16, which also lowers the scale; else 1.0 when the norm is not finite) and
+        then leaves parameters and optimizer state as they were. `nonfinite_run` counts consecutive
+        non-finite steps on the device.
         """
         self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self._params, GRAD_CLIP_NORM)
+        norm = torch.nn.utils.clip_grad_norm_(self._params, GRAD_CLIP_NORM, foreach=True)
         finite = torch.isfinite(norm)
         if not self.scaler.is_enabled():
-            keep = finite.to(norm.dtype)
-            for p in self._params:
-                if p.grad is not None:
-                    p.grad.mul_(keep).nan_to_num_(0.0, 0.0, 0.0)
+            self.optimizer.found_inf = (~finite).float().reshape(1)  # read by the fused step
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
         self.nonfinite_run = torch.where(finite, torch.zeros_like(self.nonfinite_run), self.nonfinite_run + 1)
+
+
+def use_fused_kernels(optimizer: torch.optim.Optimizer) -> None:
+    """Switch every parameter group to the fused kernel (one kernel per group and device; it skips the
+    update when `optimizer.found_inf` is non-zero, and GradScaler hands it found_inf without `.item()`)
+    and give SGD zero momentum buffers where it has none yet.
+
+    Also applied to an optimizer loaded from an older checkpoint (which recorded fused=None). Zero
+    buffers give the same first update as the lazily created ones (buf = momentum * 0 + grad = grad) and
+    keep a skipped first step from leaving uninitialised buffers behind (the fused SGD kernel allocates
+    them with empty_like before it looks at found_inf).
+    """
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, False
+        if isinstance(optimizer, torch.optim.SGD) and group["momentum"] != 0:
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 # ------------------------------------------------------------------------------------------ schedule

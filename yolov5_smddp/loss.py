@@ -46,14 +46,42 @@ def _bce(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.Tensor, g
     return loss
 
 
+def pad_targets(targets: torch.Tensor, capacity: int) -> torch.Tensor:
+    """targets [n, 6] → [capacity, 6]: the rows, then padding rows (image index -1, class 0, box 0) that
+    the loss never assigns, so that every batch of a run has one target shape (what a captured step
+    needs). n must not exceed capacity."""
+    if len(targets) > capacity:
+        raise ValueError(f"pad_targets: {len(targets)} targets do not fit a capacity of {capacity}")
+    padding = targets.new_zeros((capacity - len(targets), 6))
+    padding[:, 0] = -1
+    return torch.cat((targets, padding))
+
+
+class _Layout:
+    """Per (grids, batch) constants on the device: grid sizes (nx, ny) as float [L, 2] and long [L, 2],
+    the first flat objectness cell of each level long [L], the cells per level and in all."""
+
+    def __init__(self, grids: tuple[tuple[int, int], ...], batch: int, na: int, device: torch.device) -> None:
+        self.cells = [batch * na * ny * nx for ny, nx in grids]
+        self.total = sum(self.cells)
+        starts = [sum(self.cells[:level]) for level in range(len(grids))]
+        self.size = torch.tensor([[nx, ny] for ny, nx in grids], dtype=torch.float32, device=device)
+        self.size_long = self.size.long()
+        self.start = torch.tensor(starts, dtype=torch.int64, device=device)
+
+
 class YoloLoss:
     """`loss, items = criterion(raw_preds, targets)`.
 
     raw_preds: list of nl tensors [B, na, ny, nx, 5 + nc] (the model's training-mode output).
-    targets: [n, 6] rows (image index, class, xc, yc, w, h), normalised to the network input.
+    targets: [n, 6] rows (image index, class, xc, yc, w, h), normalised to the network input; rows with
+    image index -1 are padding (`pad_targets`) and change nothing.
     loss: [1] = (box * lbox + obj * lobj + cls * lcls) * B; items: detached [3] = (box, obj, cls) parts.
     `hyp` holds already-scaled gains `box`, `obj`, `cls` and optionally label_smoothing, anchor_t, obj_pw,
     cls_pw, fl_gamma (see HYP_DEFAULTS).
+
+    All levels are handled at once (one assignment, one CIoU, one objectness BCE, one class BCE over
+    every level's candidates): the operator count of a step does not grow with the levels.
     """
 
     def __init__(self, model: nn.Module, hyp: dict) -> None:
@@ -65,6 +93,7 @@ class YoloLoss:
         self.nc, self.na, self.nl = detect.nc, detect.na, detect.nl
         self.anchors = detect.anchors.detach().float()  # [nl, na, 2] grid units
         self.balance = OBJ_BALANCE.get(detect.nl, OBJ_BALANCE_OTHER[: detect.nl])
+        self._balance = torch.tensor(self.balance, device=device)  # [nl], weighting the per-level means
         self.gains = (float(hyp["box"]), float(hyp["obj"]), float(hyp["cls"]))
         self.anchor_t = float(hyp["anchor_t"])
         self.gamma = float(hyp["fl_gamma"])
@@ -73,85 +102,99 @@ class YoloLoss:
         self.obj_pw = torch.tensor([float(hyp["obj_pw"])], device=device)
         self.cls_pw = torch.tensor([float(hyp["cls_pw"])], device=device)
         self.offsets = CELL_OFFSETS.to(device)
+        self._layouts: dict[tuple, _Layout] = {}
+
+    def _layout(self, grids: tuple[tuple[int, int], ...], batch: int, device: torch.device) -> _Layout:
+        """Built once per input shape (a host-to-device copy then, none on later steps)."""
+        key = (grids, batch, device)
+        if key not in self._layouts:
+            self._layouts[key] = _Layout(grids, batch, self.na, device)
+        return self._layouts[key]
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = preds[0].device
         if self.anchors.device != device:  # the model moved after the loss was built
             self.anchors, self.offsets = self.anchors.to(device), self.offsets.to(device)
             self.obj_pw, self.cls_pw = self.obj_pw.to(device), self.cls_pw.to(device)
-        batch = preds[0].shape[0]
+            self._balance = self._balance.to(device)
+        batch, na = preds[0].shape[0], self.na
+        layout = self._layout(tuple((p.shape[2], p.shape[3]) for p in preds), batch, device)
         targets = targets.to(device=device, dtype=torch.float32)
-        lbox = torch.zeros(1, device=device)
-        lobj = torch.zeros(1, device=device)
-        lcls = torch.zeros(1, device=device)
-        for level, pred in enumerate(preds):
-            _, na, ny, nx, _ = pred.shape
-            cand = self._candidates(targets, level, ny, nx)
-            valid, b, a, gj, gi = cand["valid"], cand["b"], cand["a"], cand["gj"], cand["gi"]
-            count = valid.sum().clamp(min=1)
-            picked = pred[b, a, gj, gi].float()  # [m, 5 + nc]
-            pxy = picked[:, :2].sigmoid() * 2 - 0.5
-            pwh = (picked[:, 2:4].sigmoid() * 2) ** 2 * self.anchors[level][a]
-            # our CIoU, not torchvision's: see boxes.complete_iou (NaN-free for collapsed boxes)
-            ciou = complete_iou(torch.cat((pxy, pwh), 1), cand["tbox"])
-            lbox = lbox + torch.where(valid, 1 - ciou, 0.0).sum() / count
+        cand = self._candidates(targets, layout)
+        valid, b, a, gj, gi = cand["valid"], cand["b"], cand["a"], cand["gj"], cand["gi"]  # [L, m] / [m]
+        levels = len(preds)
+        count = valid.sum(1).clamp(min=1)  # [L]
+        picked = torch.cat([pred[b, a, gj[level], gi[level]] for level, pred in enumerate(preds)]).float()
+        pxy = picked[:, :2].sigmoid() * 2 - 0.5
+        pwh = (picked[:, 2:4].sigmoid() * 2) ** 2 * cand["anchor_wh"].reshape(-1, 2)
+        # our CIoU, not torchvision's: see boxes.complete_iou (NaN-free for collapsed boxes)
+        ciou = complete_iou(torch.cat((pxy, pwh), 1), cand["tbox"].reshape(-1, 4)).view(levels, -1)
+        lbox = (torch.where(valid, 1 - ciou, 0.0).sum(1) / count).sum().reshape(1)
 
-            # objectness target: the detached CIoU of the assigned cells (clamped at 0), 0 elsewhere;
-            # unassigned candidates write into one spare slot past the end
-            cells = batch * na * ny * nx
-            slot = torch.where(valid, ((b * na + a) * ny + gj) * nx + gi, cells)
-            tobj = torch.zeros(cells + 1, device=device)
-            tobj.index_put_((slot,), ciou.detach().clamp(min=0))
-            obj_logits = pred[..., 4].float().reshape(-1)
-            lobj = lobj + _bce(obj_logits, tobj[:cells], self.obj_pw, self.gamma).mean() * self.balance[level]
+        # objectness target: the detached CIoU of the assigned cells (clamped at 0), 0 elsewhere; every
+        # level's cells in one flat vector, unassigned candidates write into one spare slot past the end
+        nx, ny = layout.size_long[:, 0:1], layout.size_long[:, 1:2]
+        cell = ((b * na + a) * ny + gj) * nx + gi + layout.start[:, None]
+        slot = torch.where(valid, cell, layout.total)
+        tobj = torch.zeros(layout.total + 1, device=device)
+        tobj.index_put_((slot.reshape(-1),), ciou.detach().clamp(min=0).reshape(-1))
+        obj_logits = torch.cat([pred[..., 4].float().reshape(-1) for pred in preds])
+        obj_bce = _bce(obj_logits, tobj[: layout.total], self.obj_pw, self.gamma)
+        level_means = torch.stack([part.mean() for part in obj_bce.split(layout.cells)])
+        lobj = (level_means * self._balance[:levels]).sum().reshape(1)
 
-            if self.nc > 1:
-                tcls = torch.full_like(picked[:, 5:], self.cls_neg)
-                tcls[torch.arange(len(tcls), device=device), cand["cls"]] = self.cls_pos
-                per_cand = _bce(picked[:, 5:], tcls, self.cls_pw, self.gamma).sum(1)
-                lcls = lcls + torch.where(valid, per_cand, 0.0).sum() / (count * self.nc)
+        if self.nc > 1:
+            tcls = torch.full_like(picked[:, 5:], self.cls_neg)
+            tcls[torch.arange(len(tcls), device=device), cand["cls"].repeat(levels)] = self.cls_pos
+            per_cand = _bce(picked[:, 5:], tcls, self.cls_pw, self.gamma).sum(1).view(levels, -1)
+            lcls = (torch.where(valid, per_cand, 0.0).sum(1) / (count * self.nc)).sum().reshape(1)
+        else:
+            lcls = torch.zeros(1, device=device)
 
         lbox, lobj, lcls = lbox * self.gains[0], lobj * self.gains[1], lcls * self.gains[2]
         return (lbox + lobj + lcls) * batch, torch.cat((lbox, lobj, lcls)).detach()
 
-    def _candidates(self, targets: torch.Tensor, level: int, ny: int, nx: int) -> dict[str, torch.Tensor]:
-        """Every (target, anchor, cell) candidate of one level, ordered cell offset → anchor → target,
-        each [m = 5 * na * n]: image index b, anchor a, cell gj/gi (clamped), class, target box tbox
-        [m, 4] (x, y relative to the cell, w, h in grid units) and `valid` (the anchor's shape ratio
-        is within anchor_t and, for a neighbour, the centre lies in that half of its cell)."""
-        n, na = len(targets), self.na
+    def _candidates(self, targets: torch.Tensor, layout: _Layout) -> dict[str, torch.Tensor]:
+        """Every (level, target, anchor, cell) candidate, per level ordered cell offset → anchor → target
+        (m = 5 * na * n per level): image index b [m], anchor a [m], class [m], and per level [L, m]
+        the cell gj/gi (clamped), the target box tbox [L, m, 4] (x, y relative to the cell, w, h in grid
+        units), the anchor's shape anchor_wh [L, m, 2] and `valid` (a real target, the anchor's shape
+        ratio within anchor_t and, for a neighbour, the centre in that half of its cell)."""
+        n, na, levels = len(targets), self.na, len(layout.cells)
         device = targets.device
-        anchors = self.anchors[level]  # [na, 2]
-        # grid sizes enter as Python numbers: a tensor made from them would be a host-to-device copy
-        gxy = torch.stack((targets[:, 2] * nx, targets[:, 3] * ny), 1)  # [n, 2] grid units
-        gwh = torch.stack((targets[:, 4] * nx, targets[:, 5] * ny), 1)
-        ratio = gwh[None] / anchors[:, None]  # [na, n, 2]
-        shape_ok = torch.max(ratio, 1 / ratio).amax(2) < self.anchor_t  # [na, n]
+        anchors = self.anchors[:levels]  # [L, na, 2]
+        size = layout.size[:, None]  # [L, 1, 2] (nx, ny)
+        gxy = targets[None, :, 2:4] * size  # [L, n, 2] grid units
+        gwh = targets[None, :, 4:6] * size
+        ratio = gwh[:, None] / anchors[:, :, None]  # [L, na, n, 2]
+        shape_ok = torch.max(ratio, 1 / ratio).amax(3) < self.anchor_t  # [L, na, n]
         frac_low = (gxy % 1 < NEIGHBOUR_OFFSET) & (gxy > 1)  # left / up
-        gxy_inv = torch.stack((nx - gxy[:, 0], ny - gxy[:, 1]), 1)
+        gxy_inv = size - gxy
         frac_high = (gxy_inv % 1 < NEIGHBOUR_OFFSET) & (gxy_inv > 1)  # right / down
-        own = torch.ones(n, dtype=torch.bool, device=device)
-        cell_ok = torch.stack(
-            (own, frac_low[:, 0], frac_low[:, 1], frac_high[:, 0], frac_high[:, 1])
-        )  # [5, n]
-        valid = (cell_ok[:, None, :] & shape_ok[None]).reshape(-1)  # [5 * na * n]
+        real = (targets[:, 0] >= 0)[None].expand(levels, n)  # padding rows are never assigned
+        cell_ok = (
+            torch.stack((real, frac_low[..., 0], frac_low[..., 1], frac_high[..., 0], frac_high[..., 1]), 1)
+            & real[:, None]
+        )  # [L, 5, n]
+        valid = (cell_ok[:, :, None, :] & shape_ok[:, None]).reshape(levels, -1)  # [L, 5 * na * n]
 
         target_idx = torch.arange(n, device=device).repeat(5 * na)
         anchor_idx = torch.arange(na, device=device)[:, None].expand(na, n).reshape(-1).repeat(5)
         offsets = self.offsets[:, None, :].expand(5, na * n, 2).reshape(-1, 2)  # [m, 2]
-        cxy = gxy[target_idx]
-        gij = (cxy - offsets).long()
-        gi = gij[:, 0].clamp(0, nx - 1)
-        gj = gij[:, 1].clamp(0, ny - 1)
+        cxy = gxy[:, target_idx]  # [L, m, 2]
+        gij = torch.minimum((cxy - offsets).long().clamp(min=0), layout.size_long[:, None] - 1)
+        anchor_wh = anchors[:, anchor_idx]  # [L, m, 2]
         # unassigned candidates get the anchor's own shape so that their (masked) CIoU stays finite
-        twh = torch.where(valid[:, None], gwh[target_idx], anchors[anchor_idx])
-        tbox = torch.cat((cxy - torch.stack((gi, gj), 1), twh), 1)
+        twh = torch.where(valid[..., None], gwh[:, target_idx], anchor_wh)
+        tbox = torch.cat((cxy - gij, twh), 2)
+        rows = targets[target_idx]
         return {
             "valid": valid,
-            "b": targets[target_idx, 0].long(),
+            "b": rows[:, 0].long().clamp(min=0),
             "a": anchor_idx,
-            "gj": gj,
-            "gi": gi,
-            "cls": targets[target_idx, 1].long(),
+            "gj": gij[..., 1],
+            "gi": gij[..., 0],
+            "cls": rows[:, 1].long(),
             "tbox": tbox,
+            "anchor_wh": anchor_wh,
         }

@@ -56,6 +56,7 @@ from yolov5_smddp.engine import (
     EpochResult,
     TrainStep,
     accumulation,
+    compile_plan,
     evaluate,
     resolve_amp,
     step_settings,
@@ -119,11 +120,12 @@ def build_optimizer(
         {"params": weights, "name": "weight", "weight_decay": weight_decay},
         {"params": norms, "name": "norm", "weight_decay": 0.0},
     ]
+    # fused: one kernel per group and device (engine.use_fused_kernels says why the step relies on it)
     if name == "SGD":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, fused=True)
     if name == "Adam":
-        return torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999))
-    return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+        return torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999), fused=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), fused=True)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -711,7 +713,12 @@ def build_step(run: Run) -> TrainStep:
     if info.distributed:
         net = wrap_ddp(run.model, run.device)
     if config.compile:
-        net = torch.compile(net)
+        plan = compile_plan(run.device.type, rect=config.rect, multi_scale=config.multi_scale)
+        if run.main:
+            log.info(
+                "%s; compiling during the first steps (minutes for yolov5x; each shape once)", plan.reason
+            )
+        net = torch.compile(net, mode=plan.mode)
     return TrainStep(
         net,
         run.stack.criterion,

@@ -10,6 +10,9 @@ from yolov5_smddp.bench.train import Combination, combinations, summarise
 from yolov5_smddp.errors import ConfigError
 
 RESULT_FIELDS = {
+    "first_step_ms",
+    "host_ms",
+    "ops_per_step",
     "batch",
     "amp",
     "channels_last",
@@ -66,7 +69,10 @@ def test_summarise_per_step_means():
         peak_memory_mb=100.0,
         flops_per_sample=1e12,
         peak=10.0,
+        host_s=0.8,
+        ops_per_step=1234,
     )
+    assert r.host_ms == pytest.approx(200.0) and r.ops_per_step == 1234
     assert r.samples_per_s_per_gpu == 16.0 and r.samples_per_s_total == 16.0
     assert r.step_ms == 500.0
     assert r.data_wait_ms == pytest.approx(100.0)
@@ -155,7 +161,12 @@ def test_bench_train_cpu_writes_json(tmp_path, capsys):
         assert r["data_wait_ms"] >= 0
         assert r["samples_per_s_per_gpu"] == pytest.approx(2 / (r["step_ms"] / 1e3))
         assert r["forward_backward_ms"] + r["optimizer_ms"] <= r["step_ms"] * 1.001
-    assert "img/s/GPU" in capsys.readouterr().out
+        assert 0 < r["host_ms"] <= r["step_ms"] * 1.001 and r["first_step_ms"] > 0
+        # yolov5n at 64 px, batch 2: ~1,500 operators per step with the fused optimizer and foreach EMA;
+        # a per-tensor optimizer, guard or EMA loop would add several hundred (177+ tensors each)
+        assert 1000 < r["ops_per_step"] < 1700, r["ops_per_step"]
+    out = capsys.readouterr().out
+    assert "img/s/GPU" in out and "ops" in out
 
 
 @pytest.mark.slow

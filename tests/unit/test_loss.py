@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from yolov5_smddp.boxes import complete_iou, xywh_to_xyxy
-from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.loss import YoloLoss, _Layout, pad_targets, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -146,7 +146,7 @@ def test_assignment_uses_neighbour_cells(model_n3):
     criterion = YoloLoss(model_n3, HYP)
     # level 0 of a 64×96 input is an 8×12 grid; centre at grid (5.3, 2.8), size 1.2×1.6 cells
     target = torch.tensor([[0, 1, 5.3 / 12, 2.8 / 8, 1.2 / 12, 1.6 / 8]])
-    cand = criterion._candidates(target, 0, 8, 12)
+    cand = _level_candidates(criterion, target, ((8, 12), (4, 6), (2, 3)), 0)
     picked = zip(cand["valid"].tolist(), cand["a"].tolist(), cand["gj"].tolist(), cand["gi"].tolist())
     cells = {(a, j, i) for v, a, j, i in picked if v}
     anchors = criterion.anchors[0]  # (1.25, 1.625), (2, 3.75), (4.125, 2.875) cells
@@ -154,6 +154,12 @@ def test_assignment_uses_neighbour_cells(model_n3):
     matched = [a for a in range(3) if torch.max(ratio[a], 1 / ratio[a]).max() < 4]
     assert matched == [0, 1, 2]
     assert cells == {(a, j, i) for a in matched for j, i in ((2, 5), (2, 4), (3, 5))}
+
+
+def _level_candidates(criterion, targets, grids, level):
+    """The candidates of one level: (valid, a, gj, gi) lists, in the loss's order."""
+    cand = criterion._candidates(targets, _Layout(grids, 1, criterion.na, targets.device))
+    return {"valid": cand["valid"][level], "a": cand["a"], "gj": cand["gj"][level], "gi": cand["gi"][level]}
 
 
 def _assignment_by_rules(targets: torch.Tensor, anchors: torch.Tensor, ny: int, nx: int) -> list[tuple]:
@@ -189,8 +195,9 @@ def test_vectorised_assignment_equals_the_rules_on_random_targets(model_n3):
     targets = torch.cat(
         (torch.zeros(n, 1), torch.randint(0, 3, (n, 1)).float(), xy, torch.rand(n, 2) * 0.6 + 0.01), 1
     )
-    for level, (ny, nx) in enumerate([(8, 12), (4, 6), (2, 3)]):
-        cand = criterion._candidates(targets, level, ny, nx)
+    grids = ((8, 12), (4, 6), (2, 3))
+    for level, (ny, nx) in enumerate(grids):
+        cand = _level_candidates(criterion, targets, grids, level)
         got = sorted(
             (t, a, j, i)
             for t, a, j, i, v in zip(
@@ -203,3 +210,87 @@ def test_vectorised_assignment_equals_the_rules_on_random_targets(model_n3):
             if v
         )
         assert got == _assignment_by_rules(targets, criterion.anchors[level], ny, nx)
+
+
+def _reference_loss(model, preds, targets, gains):
+    """The loss written out level by level and candidate by candidate (no vectorisation, no padding),
+    from `_assignment_by_rules`: the arithmetic the one-pass loss must reproduce. Needs targets that share
+    no (anchor, cell) within a level (then the objectness target of a cell has one writer)."""
+    lbox, lobj, lcls = torch.zeros(1), torch.zeros(1), torch.zeros(1)
+    anchors = model.detect.anchors.float()
+    for level, pred in enumerate(preds):
+        batch, _, ny, nx, _ = pred.shape
+        tobj = torch.zeros(pred.shape[:4])
+        cands = _assignment_by_rules(targets, anchors[level], ny, nx)
+        if cands:
+            t, a, gj, gi = (list(col) for col in zip(*cands))
+            rows = targets[t]
+            b = rows[:, 0].long()
+            picked = pred[b, a, gj, gi].float()
+            pxy = picked[:, :2].sigmoid() * 2 - 0.5
+            pwh = (picked[:, 2:4].sigmoid() * 2) ** 2 * anchors[level][a]
+            gxy = rows[:, 2:4] * torch.tensor([nx, ny])
+            tbox = torch.cat((gxy - torch.tensor([gi, gj]).T, rows[:, 4:6] * torch.tensor([nx, ny])), 1)
+            ciou = complete_iou(torch.cat((pxy, pwh), 1), tbox)
+            lbox = lbox + (1 - ciou).mean()
+            tobj[b, a, gj, gi] = ciou.detach().clamp(min=0)
+            tcls = torch.zeros_like(picked[:, 5:])
+            tcls[range(len(t)), rows[:, 1].long()] = 1.0
+            lcls = lcls + torch.nn.functional.binary_cross_entropy_with_logits(picked[:, 5:], tcls)
+        obj = torch.nn.functional.binary_cross_entropy_with_logits(pred[..., 4].float(), tobj)
+        lobj = lobj + obj * (4.0, 1.0, 0.4)[level]
+    return (lbox * gains["box"] + lobj * gains["obj"] + lcls * gains["cls"]) * batch
+
+
+# far apart: no two targets share an (anchor, cell) on any level
+SPREAD_TARGETS = torch.tensor(
+    [
+        [0, 1, 0.20, 0.30, 0.20, 0.25],
+        [0, 2, 0.70, 0.65, 0.35, 0.30],
+        [1, 0, 0.45, 0.80, 0.10, 0.15],
+        [1, 1, 0.85, 0.15, 0.50, 0.40],
+    ]
+)
+
+
+def _loss_and_grads(model, loss_fn):
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(_raw(model, seed=3))
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_one_pass_loss_and_padding_equal_the_level_by_level_reference(model_n3):
+    """Same loss and gradients as the written-out loss, with and without padding rows (a captured step
+    pads the targets to one shape); padded and unpadded differ by float rounding at most (the sums over
+    candidates have other lengths)."""
+    criterion = YoloLoss(model_n3, HYP)
+    reference = _loss_and_grads(model_n3, lambda raw: _reference_loss(model_n3, raw, SPREAD_TARGETS, HYP))
+    plain = _loss_and_grads(model_n3, lambda raw: criterion(raw, SPREAD_TARGETS)[0])
+    padded = _loss_and_grads(model_n3, lambda raw: criterion(raw, pad_targets(SPREAD_TARGETS, 37))[0])
+    model_n3.zero_grad(set_to_none=True)
+    assert reference[0].item() > 0
+    torch.testing.assert_close(plain[0], reference[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(padded[0], plain[0], rtol=1e-6, atol=0)  # sums of other lengths: rounding only
+    for got in (plain[1], padded[1]):
+        for g, want in zip(got, reference[1]):  # summation order differs: compare per tensor, by norm
+            assert (g - want).norm() <= 1e-5 * want.norm() + 1e-9, (g - want).norm() / want.norm()
+
+
+def test_pad_targets_rows_and_capacity():
+    padded = pad_targets(SPREAD_TARGETS, 6)
+    assert padded.shape == (6, 6) and torch.equal(padded[:4], SPREAD_TARGETS)
+    assert padded[4:].tolist() == [[-1, 0, 0, 0, 0, 0]] * 2
+    with pytest.raises(ValueError, match="4 targets do not fit a capacity of 3"):
+        pad_targets(SPREAD_TARGETS, 3)
+
+
+def test_rows_marked_as_padding_are_never_assigned(model_n3):
+    """Image index -1 marks padding: even with a real box such a row changes nothing."""
+    raw = [r.detach() for r in _raw(model_n3)]
+    criterion = YoloLoss(model_n3, HYP)
+    marked = torch.cat((SPREAD_TARGETS, torch.tensor([[-1, 1, 0.5, 0.5, 0.3, 0.3]])))
+    loss, items = criterion(raw, marked)
+    want_loss, want_items = criterion(raw, SPREAD_TARGETS)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=0)  # sums of other lengths: rounding only
+    torch.testing.assert_close(items, want_items, rtol=1e-6, atol=0)

@@ -290,3 +290,15 @@ def test_default_dataset_is_generated_once_into_place(tmp_path):
     stamp = first.stat().st_mtime_ns
     assert default_dataset(tmp_path) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["default-dataset-v1"]  # no temporary folder left
+
+
+def test_compile_plan_uses_cuda_graphs_only_for_one_batch_shape():
+    from yolov5_smddp.engine import compile_plan
+
+    assert compile_plan("cuda", rect=False, multi_scale=False).mode == "reduce-overhead"
+    changing = compile_plan("cuda", rect=True, multi_scale=True)
+    assert changing.mode == "default" and "--rect and --multi-scale change the batch shape" in changing.reason
+    assert compile_plan("cuda", rect=False, multi_scale=True).reason.endswith(
+        "--multi-scale changes the batch shape"
+    )
+    assert compile_plan("cpu", rect=False, multi_scale=False).mode == "default"

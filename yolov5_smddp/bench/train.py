@@ -62,6 +62,9 @@ class StepResult:
     peak_memory_mb: float
     achieved_tflops: float
     mfu: float | None  # None without a known peak (CPU without --peak-tflops)
+    host_ms: float  # host time spent issuing a step (micro_step + optimizer_step calls); = step on CPU
+    ops_per_step: int | None  # operators one more step dispatches (bench.opcount); None with --compile
+    first_step_ms: float  # the first warmup step alone (with --compile: compiling included)
 
 
 def combinations(
@@ -85,6 +88,9 @@ def summarise(
     peak_memory_mb: float,
     flops_per_sample: float,
     peak: float | None,
+    host_s: float,
+    ops_per_step: int | None,
+    first_step_s: float = 0.0,
 ) -> StepResult:
     """Totals over `iters` measured steps → per-step means, throughput, utilisation."""
     samples_per_s = combo.batch * iters / wall_s
@@ -104,6 +110,9 @@ def summarise(
         peak_memory_mb=peak_memory_mb,
         achieved_tflops=flops_per_sample * samples_per_s / 1e12,
         mfu=model_flop_utilisation(flops_per_sample, samples_per_s, peak),
+        host_ms=host_s / iters * 1e3,
+        ops_per_step=ops_per_step,
+        first_step_ms=first_step_s * 1e3,
     )
 
 
@@ -146,7 +155,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[True, False],
         help="on, off or on,off",
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (compiles in warmup)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model as `train --compile` does (reduce-overhead: CUDA graphs on CUDA; "
+        "compiles in warmup, reported as first_step_ms)",
+    )
     parser.add_argument("--iters", type=_positive, default=20, help="measured steps per combination")
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (>= 1 with --compile)")
     parser.add_argument("--data", default="synthetic", help="'synthetic' or a data.yaml")
@@ -259,7 +273,8 @@ def measure(
     clipping, the non-finite guard and the EMA update included)."""
     import torch
 
-    from yolov5_smddp.engine import TrainStep, resolve_amp
+    from yolov5_smddp.bench.opcount import count_operators
+    from yolov5_smddp.engine import TrainStep, compile_plan, resolve_amp
     from yolov5_smddp.models.yolo import build_model
 
     batches, nc = _batches(args, combo, device, hyp, scratch)
@@ -271,8 +286,13 @@ def measure(
         combo.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     )
     stack = bench_training_stack(model, hyp, nc=nc, imgsz=args.imgsz, batch=combo.batch, amp=amp)
+    net = model
+    if args.compile:
+        plan = compile_plan(device.type, rect=False, multi_scale=False)
+        log.info("%s; compiling in the first warmup step", plan.reason)
+        net = torch.compile(model, mode=plan.mode)
     step = TrainStep(
-        torch.compile(model) if args.compile else model,
+        net,
         stack.criterion,
         stack.optimizer,
         stack.scaler,
@@ -287,27 +307,40 @@ def measure(
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(args.warmup):
+    first_step = 0.0
+    for i in range(args.warmup):
         images, targets, color = next(batches)
+        started = time.perf_counter()
         step.micro_step(images, targets, sync=True, color=color)
         step.optimizer_step()
+        if i == 0:
+            synchronize()
+            first_step = time.perf_counter() - started
     synchronize()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    data_wait = 0.0
+    data_wait = host = 0.0
     start = time.perf_counter()
     for _ in range(args.iters):
         fetch = time.perf_counter()
         images, targets, color = next(batches)
-        data_wait += time.perf_counter() - fetch
+        issue = time.perf_counter()
+        data_wait += issue - fetch
         clock.start()
         step.micro_step(images, targets, sync=True, color=color)
         clock.after_backward()
         step.optimizer_step()
         clock.after_optimizer()
+        host += time.perf_counter() - issue
     synchronize()
     wall = time.perf_counter() - start
     totals = clock.totals()
+    ops = None  # compiled code under a dispatch mode would run uncompiled (or recompile): not counted
+    if not args.compile:
+        images, targets, color = next(batches)
+        ops = count_operators(
+            lambda: (step.micro_step(images, targets, sync=True, color=color), step.optimizer_step())
+        ).total
     return summarise(
         combo,
         iters=args.iters,
@@ -318,13 +351,16 @@ def measure(
         peak_memory_mb=_peak_memory_mb(device.type),
         flops_per_sample=flops_for(nc),
         peak=peak,
+        host_s=host,
+        ops_per_step=ops,
+        first_step_s=first_step,
     )
 
 
 def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combination, str]] = ()) -> str:
     header = (
         f"{'batch':>5} {'amp':>4} {'ch_last':>7} {'img/s/GPU':>10} {'step ms':>9} {'data ms':>8} "
-        f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6}"
+        f"{'fwd+bwd':>8} {'optim':>7} {'busy':>6} {'mem MB':>8} {'TFLOP/s':>8} {'MFU':>6} {'host ms':>8} {'ops':>6}"
     )
     rows = [header]
     for r in results:
@@ -332,7 +368,8 @@ def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combina
         rows.append(
             f"{r.batch:>5} {r.amp:>4} {('on' if r.channels_last else 'off'):>7} {r.samples_per_s_per_gpu:>10.2f} "
             f"{r.step_ms:>9.1f} {r.data_wait_ms:>8.2f} {r.forward_backward_ms:>8.1f} {r.optimizer_ms:>7.1f} "
-            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6}"
+            f"{r.device_busy:>6.1%} {r.peak_memory_mb:>8.0f} {r.achieved_tflops:>8.4g} {mfu:>6} "
+            f"{r.host_ms:>8.1f} {'-' if r.ops_per_step is None else r.ops_per_step:>6}"
         )
     for c, error in failures:
         rows.append(f"{c.batch:>5} {c.amp:>4} {('on' if c.channels_last else 'off'):>7}  failed: {error}")
