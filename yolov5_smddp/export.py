@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.atomic import atomic_write, make_folder
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import DetectionModel
 
@@ -218,7 +218,7 @@ def _onnx(
             INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
             OUTPUT_NAME: {0: "batch", 1: "anchors"},
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with torch.no_grad():

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
-from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.atomic import atomic_write, make_folder
 from yolov5_smddp.budget import TimeBudget, counting_clock
 from yolov5_smddp.config import (
     BatchPlan,
@@ -504,7 +504,7 @@ def resumable_checkpoint(
             )
         best_before = path.with_name(checkpoint.BEST)
         if main and best_before.is_file():  # the resumed run's best comes along
-            dirs.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            make_folder(dirs.checkpoint_dir)
             if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
                 shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
         return config, path, saved
