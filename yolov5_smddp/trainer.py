@@ -40,6 +40,7 @@ from yolov5_smddp.config import (
     BatchPlan,
     OutputDirs,
     TrainConfig,
+    check_freeze,
     load_hyp,
     plan_batch,
     resume_run,
@@ -567,6 +568,7 @@ def build_detection_model(
             main=main,
             share=distributed.broadcast_object,
         )
+    check_freeze(config.freeze, len(model.model), str(model.cfg.get("name", config.cfg)))
     freeze_layers(model, config.freeze)
     model.to(device)
     if config.channels_last:
