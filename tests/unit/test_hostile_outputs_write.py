@@ -302,3 +302,34 @@ def test_train_into_a_full_model_folder(tmp_path, full_disk, monkeypatch, capsys
     assert failure.read_text().startswith(f"Output problem: no space left on {full_disk}: {ADVICE}")
     assert _entries(full_disk) == []
     assert (tmp_path / "ck" / "last.pt").is_file()  # the checkpoint folder had room: resumable
+
+
+def test_a_raw_enospc_from_any_command_is_one_line(tmp_path, monkeypatch, capsys):
+    """A library's own write (predict's JSON, TensorBoard's events) reaching the top with its file name."""
+    from yolov5_smddp.commands import info
+
+    failure = _sagemaker_output(tmp_path, monkeypatch)
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/opt/ml/output/data/a.json")
+
+    monkeypatch.setattr(info, "run", full)
+    assert main(["info", "--cfg", "yolov5n"]) == 2
+    assert _error_lines(capsys) == [
+        "error: cannot write /opt/ml/output/data/a.json: no space left on /opt/ml/output/data"
+    ]
+    assert failure.read_text() == (
+        f"Output problem: no space left on /opt/ml/output/data: {ADVICE} (writing /opt/ml/output/data/a.json)\n"
+    )
+
+
+def test_onnx_exports_own_write_failing_names_the_file(tmp_path):
+    """torch.onnx.export writes its file itself: its OSError (no file name) is the requested file's."""
+    from yolov5_smddp.export import _written_as
+
+    target = tmp_path / "best.onnx"
+    with pytest.raises(OutputError) as caught, _written_as(target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(caught.value) == f"cannot write {target}: no space left on {tmp_path}"
+    with pytest.raises(KeyError), _written_as(target):
+        raise KeyError("a bug")
