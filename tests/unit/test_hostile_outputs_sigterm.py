@@ -16,6 +16,7 @@ SCRIPT = """
 import os, signal, sys, time
 from yolov5_smddp import trainer
 with trainer._StopOnSigterm(watchdog_s=0.5) as stop:
+    print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: the same clock in the test's process
     os.kill(os.getpid(), signal.SIGTERM)
     if sys.argv[1] == "blocked":
         open(sys.argv[2]).read()  # a FIFO with no writer: blocks for good
@@ -27,7 +28,8 @@ print("ended", stop.requested, flush=True)
 
 
 def _run(mode: str, fifo: str) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
+    """The finished process (its stdout without the timestamp line) and the seconds from its SIGTERM to
+    its end (not counting the interpreter's start, slow on a busy machine)."""
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, mode, fifo],
         capture_output=True,
@@ -35,7 +37,10 @@ def _run(mode: str, fifo: str) -> tuple[subprocess.CompletedProcess, float]:
         timeout=60,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    return done, time.monotonic() - started
+    ended = time.monotonic()
+    signalled, _, rest = done.stdout.partition("\n")
+    done.stdout = rest
+    return done, ended - float(signalled)
 
 
 def test_a_step_blocked_after_sigterm_ends_with_the_interrupted_code(tmp_path):
@@ -48,7 +53,7 @@ def test_a_step_blocked_after_sigterm_ends_with_the_interrupted_code(tmp_path):
         "SIGTERM received 0.5 s ago and the current step has not finished (blocked); exiting with code 143 "
         "(a checkpoint written before, if any, resumes the run)",
     ]
-    assert seconds < 30
+    assert 0.5 <= seconds < 10
 
 
 def test_a_run_that_ends_in_time_is_left_alone(tmp_path):
