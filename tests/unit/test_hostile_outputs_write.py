@@ -254,7 +254,8 @@ def test_val_metrics_json_under_a_file_is_one_line(tmp_path, weights, capsys, mo
     assert main([*argv, "--metrics-json", str(target)]) == 2
     lines = [line for line in _error_lines(capsys) if line.startswith("error:")]
     taken = tmp_path / "taken"
-    assert lines == [f"error: cannot create the folder {taken}: {taken} is a file where a folder should be"]
+    # checked up front by commands.options.make_folder, before the validation runs
+    assert lines == [f"error: --metrics-json: cannot make the folder {taken} (File exists)"]
     # into a missing folder: made, and the JSON complete
     assert main([*argv, "--metrics-json", str(tmp_path / "new" / "m.json")]) == 0
     assert set(json.loads((tmp_path / "new" / "m.json").read_text())) >= {"mAP50", "per_class", "skipped"}
@@ -284,9 +285,7 @@ def test_no_failure_file_outside_sagemaker(tmp_path, weights, monkeypatch, capsy
         == 2
     )
     out = tmp_path / "out"
-    assert _error_lines(capsys) == [
-        f"error: cannot create the folder {out}: {out} is a file where a folder should be"
-    ]
+    assert _error_lines(capsys) == [f"error: --output-dir: cannot make the folder {out} (File exists)"]
     assert not (tmp_path / "absent").exists()
 
 
