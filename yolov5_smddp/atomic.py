@@ -1,5 +1,7 @@
 """Atomic file writes: a reader (another rank, a spot restart, SageMaker's S3 sync) sees the old file or
-the complete new one, never a partial one."""
+the complete new one, never a partial one. A write that fails for want of space or permission (a full
+disk, a read-only folder, a file where a folder should be) raises errors.OutputError naming the folder and
+the cause, and leaves no temporary file behind."""
 
 from __future__ import annotations
 
@@ -10,8 +12,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from yolov5_smddp.errors import output_error
+
 FILE_MODE = 0o666
 """Mode a new file is created with before the umask, as `open()` does: 0644 under the usual umask 022."""
+
+
+def make_folder(folder: str | os.PathLike) -> Path:
+    """`mkdir -p folder`; OutputError (one line: the folder and the cause) when it cannot be made."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise (output_error(exc, folder, creating=True) or exc) from exc
+    return folder
 
 
 def _create_temporary(path: Path) -> tuple[int, Path]:
@@ -34,12 +48,18 @@ def atomic_write(
     `os.replace` it onto `path` (atomic on POSIX file systems); on an exception remove it. The file gets
     the permissions a plain `open(path, "w")` would give a new file (0644 under umask 022).
 
+    A failure to write (OSError for a full disk, a read-only folder, ...; torch.save's "unexpected pos"
+    RuntimeError) becomes errors.OutputError; any other exception propagates unchanged.
+
     Several writers racing on the same path each replace it with a complete file (the last one wins).
     `fsync=False` for a cache's entries: no wait for the disk (a file lost to a crash is made again).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temporary(path)
+    make_folder(path.parent)
+    try:
+        fd, tmp = _create_temporary(path)
+    except OSError as exc:
+        raise (output_error(exc, path) or exc) from exc
     try:
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle
@@ -47,6 +67,9 @@ def atomic_write(
             if fsync:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        failed_write = output_error(exc, path) if isinstance(exc, Exception) else None
+        if failed_write is None or failed_write is exc:
+            raise
+        raise failed_write from exc

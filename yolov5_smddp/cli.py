@@ -1,5 +1,9 @@
 """`yolov5-smddp <command>`: parses the command line and hands over to one command module.
 
+Every command's failure ends here (`main`): a bad input or an output that cannot be written (a full disk,
+a read-only folder) is one `error:` line on stderr and exit 2; anything else keeps its traceback. Where
+the SageMaker output folder is there, either also writes /opt/ml/output/failure (sagemaker/failure.py).
+
 Each module in `yolov5_smddp.commands` provides `add_arguments(parser)` and `run(args) -> int`, and keeps
 heavy imports (torch, cv2) inside `run` so that `--help` stays fast.
 """
@@ -9,10 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import traceback
 
 from yolov5_smddp import hostmem
-from yolov5_smddp.errors import UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("yolov5_smddp.commands.train", "train a detector (one process, or one worker per device)"),
@@ -48,10 +53,30 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except UserError as exc:
-        log.debug("user error", exc_info=True)
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        return report(exc)
+
+
+def report(exc: Exception) -> int:
+    """The end of a failed command: a known problem (bad input, output not writable) -> one `error:`
+    line and its exit code; anything else is re-raised (its traceback). Either way the failure file
+    where SageMaker's output folder is in use. Call it from an `except` block."""
+    from yolov5_smddp.sagemaker import failure
+
+    failure_file = failure.command_failure_file(os.environ)
+    known = failure.is_known_problem(exc)
+    if known:
+        log.debug("known problem", exc_info=True)
+        print(failure.error_line(exc), file=sys.stderr)
+    if failure_file is not None:
+        details = "" if known else "".join(traceback.format_exception(exc))
+        try:
+            failure.write_failure(failure_file, failure.failure_reason(exc), details)
+        except Exception as write_exc:  # noqa: BLE001 - the original failure is what the user must see
+            print(f"error: could not write {failure_file}: {write_exc}", file=sys.stderr)
+    if not known:
+        raise exc
+    return failure.exit_code(exc)
 
 
 if __name__ == "__main__":

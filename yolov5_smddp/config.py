@@ -220,7 +220,7 @@ def parse_overrides(text: str) -> dict[str, float]:
             pairs = json.loads(value)
             if not isinstance(pairs, dict):
                 raise ValueError("not an object")
-            return {str(k): float(v) for k, v in pairs.items()}
+            return {str(k): float(v) for k, v in pairs.items()}  # OverflowError: an int beyond float
         out: dict[str, float] = {}
         for item in filter(None, (p.strip() for p in value.split(","))):
             key, sep, number = item.partition("=")
@@ -228,9 +228,9 @@ def parse_overrides(text: str) -> dict[str, float]:
                 raise ValueError(f"{item!r} is not key=value")
             out[key.strip()] = float(number)
         return out
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+    except (ValueError, TypeError, OverflowError, json.JSONDecodeError) as exc:
         raise argparse.ArgumentTypeError(
-            f"expected key=value,key=value or a JSON object, got {text!r} ({exc})"
+            f"expected key=value,key=value or a JSON object, got {_short(text, 200)} ({_short(str(exc), 200)})"
         ) from exc
 
 
@@ -380,7 +380,11 @@ class TrainConfig:
     """GLOBAL batch over all ranks (the release's meaning); default 16 when batch_per_gpu is not given."""
     batch_per_gpu: int | None = option(None, help="batch per rank (alternative to --batch-size)")
     """batch per rank; the global batch is this times the world size."""
-    imgsz: int = option(640, help="image size", flags=("--imgsz", "--img-size", "--img_size", "--img"))
+    imgsz: int = option(
+        640,
+        help="image size (a multiple of 32, at most 8192)",
+        flags=("--imgsz", "--img-size", "--img_size", "--img"),
+    )
     """train/val image size in pixels (a multiple of the largest stride, 32)."""
     workers: int = option(8, help="max DataLoader workers per rank")
     """maximum DataLoader workers per rank (also capped by CPUs per local rank and the batch)."""
@@ -400,7 +404,7 @@ class TrainConfig:
         action=_JoinLists,
     )
     """layer indices to freeze; a single value n freezes layers 0..n-1 (the release's meaning)."""
-    seed: int = option(0)
+    seed: int = option(0, help="random seed, 0..4294967295")
     """global random seed (each rank and worker derives its own)."""
     rect: bool = option(False, help="rectangular training batches")
     """rectangular training batches (no mosaic)."""
@@ -582,12 +586,43 @@ class TrainConfig:
         )
         for key, value in self.hyp_overrides.items():
             check_hyp_value(key, value, source="--hyp-override")
+        check_option_bounds(self)
         if len(self.freeze) == 1:  # the release's `--freeze 10`: the first 10 layers
             self.freeze = list(range(self.freeze[0]))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of every option (what checkpoints and the model folder record)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "given"}
+
+
+MAX_IMGSZ = 8192
+"""--imgsz at most: one 8192 x 8192 RGB image is 201 MB as uint8 and 805 MB as the float input."""
+MAX_SEED = 2**32 - 1
+"""--seed in 0..MAX_SEED (numpy's seed range; each rank adds its rank)."""
+
+
+def check_option_bounds(config: TrainConfig) -> None:
+    """The upper bounds of the size-like options, and the seed's range: ConfigError naming the option
+    and its limit (before anything is allocated)."""
+    _check(config.imgsz <= MAX_IMGSZ, "--imgsz", config.imgsz, f"is over the limit of {MAX_IMGSZ}")
+    _check(0 <= config.seed <= MAX_SEED, "--seed", config.seed, f"must be in 0..{MAX_SEED}")
+
+
+def check_freeze(freeze: list[int], layer_count: int, model_name: str) -> None:
+    """--freeze (layer indices, after `--freeze N` became 0..N-1) against the model it applies to:
+    every index an existing layer, and the last layer (Detect) left to train."""
+    if not freeze:
+        return
+    if max(freeze) >= layer_count:
+        raise ConfigError(
+            f"--freeze: layer {max(freeze)} does not exist: {model_name} has {layer_count} layers "
+            f"(0..{layer_count - 1})"
+        )
+    if layer_count - 1 in freeze:
+        raise ConfigError(
+            f"--freeze: layer {layer_count - 1} is the Detect head of {model_name}; with it frozen nothing "
+            f"learns the classes (freeze at most the first {layer_count - 1} layers)"
+        )
 
 
 def _opt(name: str) -> str:
@@ -636,11 +671,18 @@ def check_hyp_value(key: str, value: object, *, source: str) -> float:
     if key not in HYP_RANGES:
         raise ConfigError(f"{source}: unknown hyperparameter {key!r}; known keys: {', '.join(HYP_RANGES)}")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{source}: hyperparameter {key}={value!r} is not a number")
+        raise ConfigError(f"{source}: hyperparameter {key}={_short(value)} is not a number")
     low, high = HYP_RANGES[key]
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ConfigError(f"{source}: hyperparameter {key}={value!r} is out of range [{low}, {high}]")
+    # an int beyond float's range (a 400-digit number) compares exactly, without math.isfinite's OverflowError
+    if not ((isinstance(value, int) or math.isfinite(value)) and low <= value <= high):
+        raise ConfigError(f"{source}: hyperparameter {key}={_short(value)} is out of range [{low}, {high}]")
     return float(value)
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """repr(value), cut to `limit` characters (a 400-digit number in a message stays readable)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else f"{str(value)[:20]}..."
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def hyp_path(name_or_path: str) -> Path | None:

@@ -19,15 +19,16 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.atomic import atomic_write, make_folder
+from yolov5_smddp.errors import ConfigError, output_error
 from yolov5_smddp.models.yolo import DetectionModel
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,19 @@ def _torchscript(module: nn.Module, example: torch.Tensor, path: Path, config: d
         torch.jit.save(traced, handle, _extra_files=extra)
 
 
+@contextmanager
+def _written_as(path: Path) -> Iterator[None]:
+    """A write failure inside the block (torch.onnx.export's own file: a full disk) → OutputError for
+    `path`, the file the user asked for; anything else propagates unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        failed_write = output_error(exc, path)
+        if failed_write is None:
+            raise
+        raise failed_write from exc
+
+
 def require_onnx():
     """The `onnx` package, or ConfigError saying how to get it."""
     try:
@@ -218,10 +232,10 @@ def _onnx(
             INPUT_NAME: {0: "batch", 2: "height", 3: "width"},
             OUTPUT_NAME: {0: "batch", 1: "anchors"},
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _written_as(path):
             torch.onnx.export(
                 module,
                 (example,),

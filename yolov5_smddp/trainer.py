@@ -23,7 +23,9 @@ import os
 import random
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,12 +37,13 @@ import torch
 from torch import nn
 
 from yolov5_smddp import checkpoint, distributed, mlflow_log, plots
-from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.atomic import atomic_write, make_folder
 from yolov5_smddp.budget import TimeBudget, counting_clock
 from yolov5_smddp.config import (
     BatchPlan,
     OutputDirs,
     TrainConfig,
+    check_freeze,
     load_hyp,
     plan_batch,
     resume_run,
@@ -393,16 +396,23 @@ def open_tensorboard(folder: Path | None):
 STOP_WINDOW_S = 120.0
 """SageMaker's SIGKILL follows its SIGTERM (StopTrainingJob, spot interruption, MaxRuntimeExceeded) after
 this many seconds."""
+STOP_WATCHDOG_S = 110.0
+"""After a SIGTERM the run must have ended within this many seconds: a step blocked for good (a read
+that never returns) would otherwise never reach its checkpoint, and outside SageMaker no SIGKILL comes."""
 
 
 class _StopOnSigterm:
     """SIGTERM (spot interruption, StopTrainingJob, max_run: SIGKILL follows 120 s later) sets a flag; the
-    loop finishes its step, writes a checkpoint, then the model folder (see `write_final_outputs`)."""
+    loop finishes its step, writes a checkpoint, then the model folder (see `write_final_outputs`). A
+    watchdog started by the signal ends the process with EXIT_INTERRUPTED when the run is still inside the
+    block `watchdog_s` later (one line says so); leaving the block stops it."""
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog_s: float = STOP_WATCHDOG_S) -> None:
         self.requested = False
         self.signalled_at: float | None = None
         self._previous = None
+        self._watchdog_s = watchdog_s
+        self._watchdog: threading.Timer | None = None
 
     def time_left(self) -> float | None:
         """Seconds until SIGKILL after the SIGTERM (None before one)."""
@@ -425,9 +435,23 @@ class _StopOnSigterm:
                 "folder and exiting",
                 flush=True,
             )
+            self._watchdog = threading.Timer(self._watchdog_s, self._give_up)
+            self._watchdog.daemon = True
+            self._watchdog.start()
         self.requested = True
 
+    def _give_up(self) -> None:
+        print(
+            f"SIGTERM received {self._watchdog_s:g} s ago and the current step has not finished (blocked); "
+            f"exiting with code {EXIT_INTERRUPTED} (a checkpoint written before, if any, resumes the run)",
+            flush=True,
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+
     def __exit__(self, *exc) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
 
@@ -507,7 +531,7 @@ def resumable_checkpoint(
             )
         best_before = path.with_name(checkpoint.BEST)
         if main and best_before.is_file():  # the resumed run's best comes along
-            dirs.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            make_folder(dirs.checkpoint_dir)
             if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
                 shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
         return config, path, saved
@@ -570,6 +594,7 @@ def build_detection_model(
             main=main,
             share=functools.partial(share_anchor_check, anchors=model.detect.anchors.numel() // 2),
         )
+    check_freeze(config.freeze, len(model.model), str(model.cfg.get("name", config.cfg)))
     freeze_layers(model, config.freeze)
     model.to(device)
     if config.channels_last:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
 
 log = logging.getLogger(__name__)
@@ -335,18 +336,19 @@ def _validate(args: argparse.Namespace, info) -> int:
         summary = {**metrics.to_dict(), "images": metrics.num_images, "targets": metrics.num_targets}
         summary["per_class"] = metrics.per_class(names)
         summary["val_seconds"] = seconds
-        Path(args.metrics_json).write_text(json.dumps({**summary, "skipped": skipped}), encoding="utf-8")
+        with atomic_write(args.metrics_json, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({**summary, "skipped": skipped}))
     if args.save_json:
         out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
         gt_path = out / "ground_truth.json"
         if index.coco is not None:
             gt = _coco_json_ground_truth(index, scored_paths, names)
         else:
             gt = _coco_ground_truth(index, scored_paths)
             gt["categories"] = [{"id": i, "name": name} for i, name in enumerate(names)]
-        gt_path.write_text(json.dumps(gt), encoding="utf-8")
-        (out / "predictions.json").write_text(json.dumps(detections_json), encoding="utf-8")
+        for path, content in ((gt_path, gt), (out / "predictions.json", detections_json)):
+            with atomic_write(path, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(content))
         scores = _pycocotools_scores(gt_path, detections_json)
         if scores is not None:
             emit(metric_line(pycocotools=1, **scores), main=True)

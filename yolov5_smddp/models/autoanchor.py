@@ -7,6 +7,11 @@ width and height. BPR >= 0.98 keeps the anchors. Otherwise k-means over the boxe
 whitened sizes) and 1000 generations of mutation evolution with the release's fitness (mean best
 ratio over the boxes that pass) propose new anchors, kept only if their BPR is higher.
 
+Bounded: the fit (k-means and evolution) works on at most FIT_SAMPLE boxes, a uniform sample drawn with
+the run's generator (a 2.8 M-box label set kept the unbounded fit busy for 49 CPU-minutes); the recall is
+measured on every box, in chunks. A degenerate box (a side of zero, or not finite) takes no part in either,
+and no anchor under MIN_BOX_PX (2 px) is ever proposed or applied.
+
 Every random draw comes from one `numpy.random.Generator` seeded with `--seed`, so a run's anchors are
 reproducible. Under DDP only rank 0 computes; the anchors are broadcast, so every rank trains the same ones.
 The anchors live in the Detect `anchors` buffer (saved in every checkpoint and in best.pt) and in the
@@ -35,7 +40,13 @@ log = logging.getLogger("yolov5_smddp")
 GOOD_BPR = 0.98
 GENERATIONS = 1000
 KMEANS_STARTS = 30
-MIN_BOX_PX = 2.0  # boxes smaller than this in both sides do not take part in the fit
+MIN_BOX_PX = (
+    2.0  # boxes smaller than this in both sides do not take part in the fit; the smallest anchor side
+)
+FIT_SAMPLE = 10_000
+"""Boxes the fit works on at most (a uniform sample of the rest)."""
+METRIC_CHUNK = 65_536
+"""Boxes per chunk when the recall is measured over all of them (bounded memory: chunk x anchors x 2)."""
 _MUTATION_PROB, _MUTATION_SIGMA = 0.9, 0.1
 
 
@@ -98,7 +109,8 @@ def label_sizes(
     if zoom is not None:
         scaled = scaled * np.asarray(zoom, np.float64).reshape(-1, 1)
     rows = [lab[:, 3:5] * size for size, lab in zip(scaled, labels) if len(lab)]
-    return np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, 2), np.float32)
+    wh = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, 2), np.float32)
+    return wh[np.isfinite(wh).all(1) & (wh > 0).all(1)]  # a zero-size box fits no anchor: never fitted to
 
 
 def _best_ratios(anchors: np.ndarray, wh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,9 +124,14 @@ def anchor_metrics(anchors_px: np.ndarray, wh: np.ndarray, anchor_t: float) -> t
     """(best possible recall, anchors above threshold per box) of `anchors_px` [k, 2] over `wh` [n, 2]."""
     if len(wh) == 0:
         return 0.0, 0.0
-    x, best = _best_ratios(np.asarray(anchors_px, np.float32), np.asarray(wh, np.float32))
+    anchors, wh = np.asarray(anchors_px, np.float32), np.asarray(wh, np.float32)
     threshold = 1.0 / anchor_t
-    return float((best > threshold).mean()), float((x > threshold).sum(1).mean())
+    recalled, above = 0, 0
+    for start in range(0, len(wh), METRIC_CHUNK):
+        x, best = _best_ratios(anchors, wh[start : start + METRIC_CHUNK])
+        recalled += int((best > threshold).sum())
+        above += int((x > threshold).sum())
+    return recalled / len(wh), above / len(wh)
 
 
 def _fitness(anchors: np.ndarray, wh: np.ndarray, threshold: float) -> float:
@@ -164,9 +181,12 @@ def fit_anchors(
     """n anchors [n, 2] (pixels, smallest area first) for the box sizes `wh0`: k-means on sizes divided
     by their standard deviation, then `generations` rounds of mutation (each side of each anchor
     multiplied, with probability 0.9, by 1 + N(0, 1) * U(0, 1) * 0.1, clipped to 0.3..3, sides >= 2 px),
-    a mutant kept when the fitness rises."""
+    a mutant kept when the fitness rises. Only boxes with both sides > 0 and one >= 2 px take part, at
+    most FIT_SAMPLE of them (drawn by `rng`); every anchor side is >= MIN_BOX_PX."""
     wh = np.asarray(wh0, np.float32)
-    wh = wh[(wh >= MIN_BOX_PX).any(1)]
+    wh = wh[(wh >= MIN_BOX_PX).any(1) & (wh > 0).all(1) & np.isfinite(wh).all(1)]
+    if len(wh) > FIT_SAMPLE:
+        wh = wh[np.sort(rng.choice(len(wh), FIT_SAMPLE, replace=False))]
     threshold = 1.0 / anchor_t
     anchors = None
     distinct = np.unique(wh, axis=0)
@@ -177,7 +197,7 @@ def fit_anchors(
         anchors = None if centres is None else centres * sigma
     if anchors is None:  # fewer distinct boxes than anchors: random sizes, as the release falls back to
         anchors = np.sort(rng.random(n * 2)).reshape(n, 2) * imgsz
-    anchors = anchors[np.argsort(anchors.prod(1))].astype(np.float32)
+    anchors = anchors[np.argsort(anchors.prod(1))].clip(min=MIN_BOX_PX).astype(np.float32)
     fit = _fitness(anchors, wh, threshold) if len(wh) else 0.0
     for _ in range(generations if len(wh) else 0):
         factors = np.ones_like(anchors)
@@ -230,8 +250,11 @@ def check_anchors(
 def apply_anchors(model: DetectionModel, anchors_px: np.ndarray) -> None:
     """Set the Detect anchors (pixels [nl * na, 2]) and the config's anchor rows; the smallest anchors go
     to the finest stride (the level order is flipped when the mean areas run against the strides)."""
+    anchors_px = np.asarray(anchors_px, np.float32)
+    if not (np.isfinite(anchors_px).all() and anchors_px.min() >= MIN_BOX_PX):
+        raise ValueError(f"anchors under {MIN_BOX_PX:g} px or not finite: {anchors_px.tolist()}")
     detect = model.detect
-    pixels = torch.as_tensor(np.asarray(anchors_px, np.float32)).view(detect.nl, detect.na, 2)
+    pixels = torch.as_tensor(anchors_px).view(detect.nl, detect.na, 2)
     area = pixels.prod(-1).mean(-1)
     strides = torch.tensor(detect.strides)
     if (area[-1] - area[0]).sign() * (strides[-1] - strides[0]).sign() < 0:

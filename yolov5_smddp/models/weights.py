@@ -30,6 +30,9 @@ from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 from yolov5_smddp.models.yolo import ACTIVATION_OVERRIDES, DetectionModel, activation_names, build_model
 
 FORMAT = "yolov5-smddp/weights/v1"
+MAX_META_VALUES = 1_000_000
+"""Values in a weights file's metadata as JSON would write them (yolov5x6's: ~1,000). A list that holds
+the same list twice, nested 40 deep, is a few hundred bytes in the file and 2**40 values written out."""
 _ACTIVATION_NAMES = activation_names()
 
 
@@ -127,6 +130,32 @@ def save_weights(path: str | Path, model: nn.Module, *, meta: dict, half: bool =
     return path
 
 
+def check_meta(meta: object, path: Path) -> dict:
+    """Our format's metadata, checked before anything reads it: a dict of at most MAX_META_VALUES values
+    counted as written out (each shared reference again), `names` a list of strings. WeightsError
+    naming the file otherwise."""
+    if not isinstance(meta, dict):
+        raise WeightsError(f"{path}: its metadata is a {type(meta).__name__}, not a mapping")
+    pending, seen = [meta], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > MAX_META_VALUES:
+            raise WeightsError(
+                f"{path}: its metadata holds over {MAX_META_VALUES:,} values (nested or repeated references); "
+                "refused"
+            )
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list | tuple):
+            pending.extend(value)
+    names = meta.get("names")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise WeightsError(f"{path}: its class names (meta 'names') are not a list of strings")
+    return meta
+
+
 def load_weights(path: str | Path) -> LoadedWeights:
     """Read ours, a bare state dict, or the release's `.pt`, never executing code from the file.
     Raises WeightsError naming the file when it is missing, unreadable or unsafe."""
@@ -149,7 +178,7 @@ def load_weights(path: str | Path) -> LoadedWeights:
             f"{shown(path)}: cannot be read as a PyTorch checkpoint ({torch_error_line(exc)})"
         ) from exc
     if isinstance(obj, dict) and obj.get("format") == FORMAT:
-        meta = obj["meta"]
+        meta = check_meta(obj.get("meta"), path)
         cfg = meta.get("cfg")
         if isinstance(cfg, dict) and "layers" in cfg:
             cfg = config_from_first_layout(cfg, path)

@@ -7,6 +7,10 @@ or an int = that many anchors per level for AutoAnchor to fit), optional `activa
 one; a list for Concat/Detect), `number` the repeats before depth scaling. Channel arguments are scaled by
 the width multiple (ceil(c * width / 8) * 8), repeats by the depth multiple (max(round(n * depth), 1)).
 
+Every size a config gives is bounded before anything is built (`MAX_*` below: the multiples, a row's
+repeats, a layer's channels, the anchors, the classes, the layer count, and the parameters in all), so a
+hostile or mistyped config is one ConfigError naming the key and the layer, never an allocation attempt.
+
 Nothing in a config is evaluated as code: module names map through `MODULES`, the string arguments the
 release's yamls use ('None', 'nc', 'anchors', 'nearest') through `_resolve_arg`, and `activation` through
 `parse_activation`, which reads one `nn.<Name>(<literals>)` call from an allow-list.
@@ -38,6 +42,23 @@ PACKAGE_CONFIGS = P5_CONFIGS + P6_CONFIGS
 REQUIRED_KEYS = ("nc", "depth_multiple", "width_multiple", "anchors", "backbone", "head")
 INPUT = -1  # source index meaning "the network input" (only reachable from layer 0)
 ACTIVATION_OVERRIDES = "activations"  # {module path: activation}, for checkpoints whose blocks differ
+
+MAX_MULTIPLE = 8.0
+"""depth_multiple / width_multiple at most (the release's largest: 1.33 / 1.25)."""
+MAX_REPEATS = 64
+"""A row's `number`, before and after depth scaling (the release's largest: 9)."""
+MAX_CHANNELS = 16384
+"""A layer's output channels after width scaling (the release's largest: 1280)."""
+MAX_LAYERS = 512
+"""Rows in backbone + head (the release's largest: 34)."""
+MAX_CLASSES = 100_000
+"""nc (LVIS: 1,203; OpenImages: 601)."""
+MAX_ANCHORS_PER_LEVEL = 32
+"""Anchors per level (the release: 3)."""
+MAX_ANCHOR_PIXELS = 16384.0
+"""An anchor's width or height in input pixels."""
+MAX_PARAMETERS = 1_000_000_000
+"""Parameters in all (yolov5x6: 140.8 M; 1 G float32 = 4 GB of weights, 16 GB with Adam's states)."""
 
 # ---------------------------------------------------------------------------------------------------
 # activations
@@ -333,6 +354,10 @@ def _read_config_file(cfg: str | Path) -> tuple[Any, str]:
 def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...] | int:
     """Per-level pixel (w, h) lists, or an int (anchors per level, to be fitted by AutoAnchor)."""
     if _positive_int(anchors):
+        if anchors > MAX_ANCHORS_PER_LEVEL:
+            raise ConfigError(
+                f"{origin}: anchors {anchors} per level is over the limit of {MAX_ANCHORS_PER_LEVEL}"
+            )
         return int(anchors)
     rows = anchors if isinstance(anchors, list | tuple) else None
     ok = bool(rows) and all(
@@ -344,10 +369,19 @@ def _check_anchors(anchors: Any, origin: str) -> tuple[tuple[float, ...], ...] |
         for r in rows
     )
     if not ok:
+        shown = repr(anchors)
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
         raise ConfigError(
             f"{origin}: anchors must be one list of (w, h) pixel pairs per level, e.g. "
-            f"[[10, 13, 16, 30, 33, 23], ...], or a number of anchors per level; got {anchors!r}"
+            f"[[10, 13, 16, 30, 33, 23], ...], or a number of anchors per level; got {shown}"
         )
+    if len(rows[0]) // 2 > MAX_ANCHORS_PER_LEVEL:
+        raise ConfigError(
+            f"{origin}: anchors: {len(rows[0]) // 2} per level is over the limit of {MAX_ANCHORS_PER_LEVEL}"
+        )
+    largest = max(v for r in rows for v in r)
+    if not largest <= MAX_ANCHOR_PIXELS:  # also NaN
+        raise ConfigError(f"{origin}: anchors: {largest!r} px is over the limit of {MAX_ANCHOR_PIXELS:g} px")
     return tuple(tuple(float(v) for v in r) for r in rows)
 
 
@@ -401,8 +435,11 @@ def _bind(kind: ModuleKind, args: list, leading: int, where: str) -> dict:
 
 @dataclass(frozen=True)
 class _Layer:
+    """One resolved row, not yet built: `make()` builds its module, `estimate` bounds its parameters."""
+
     spec: LayerSpec
-    module: nn.Module
+    make: Callable[[], nn.Module]
+    estimate: int
 
 
 def _build_row(
@@ -416,6 +453,7 @@ def _build_row(
     anchors: tuple | int,
     activation: Callable[[], nn.Module] | None,
 ) -> _Layer:
+    """One row resolved and checked (nothing built)."""
     where = f"layer {index} in {origin}"
     if not (isinstance(row, list | tuple) and len(row) == 4):
         raise ConfigError(f"{where}: expected a row [from, number, module, args], got {row!r}")
@@ -425,12 +463,18 @@ def _build_row(
     kind = MODULES[name]
     where = f"layer {index} ({name}) in {origin}"
     sources = _resolve_sources(source, index, where)
-    if not _positive_int(number):
-        raise ConfigError(f"{where}: number (repeats) must be a positive integer, got {number!r}")
+    if not _positive_int(number) or number > MAX_REPEATS:
+        raise ConfigError(
+            f"{where}: number (repeats) must be an integer in [1, {MAX_REPEATS}], got {number!r}"
+        )
     if not isinstance(raw_args, list | tuple):
         raise ConfigError(f"{where}: args must be a list, got {raw_args!r}")
     args = [_resolve_arg(a, nc, anchors) for a in raw_args]
     n = max(round(number * gd), 1) if number > 1 else number
+    if n > MAX_REPEATS:
+        raise ConfigError(
+            f"{where}: number {number} x depth_multiple {gd} = {n} repeats, over the limit of {MAX_REPEATS}"
+        )
     channels = [3 if s == INPUT else built[s].spec.out_channels for s in sources]
     strides = [1.0 if s == INPUT else built[s].spec.stride for s in sources]
     if kind.kind not in ("concat", "detect") and len(sources) != 1:
@@ -441,7 +485,13 @@ def _build_row(
             raise ConfigError(f"{where}: args must start with the output channels, got {list(raw_args)}")
         c1 = channels[0]
         na = anchors if isinstance(anchors, int) else len(anchors[0]) // 2
+        if args[0] > MAX_CHANNELS:
+            raise ConfigError(f"{where}: channels {args[0]} is over the limit of {MAX_CHANNELS}")
         c2 = args[0] if args[0] == na * (nc + 5) else _make_divisible(args[0] * gw)
+        if c2 > MAX_CHANNELS:
+            raise ConfigError(
+                f"{where}: channels {args[0]} x width_multiple {gw} = {c2}, over the limit of {MAX_CHANNELS}"
+            )
         leading = [c1, c2]
         if kind.kind == "csp":
             leading.append(n)
@@ -475,9 +525,11 @@ def _build_row(
                     child.act = activation()
         return module
 
-    module = make() if n == 1 else nn.Sequential(*(make() for _ in range(n)))
+    def make_all() -> nn.Module:
+        return make() if n == 1 else nn.Sequential(*(make() for _ in range(n)))
+
     spec = LayerSpec(index, sources, repeats, name, shown, out_channels, stride)
-    return _Layer(spec, module)
+    return _Layer(spec, make_all, _parameter_estimate(kind.kind, bound, channels, out_channels, n))
 
 
 def _build_detect(
@@ -493,17 +545,51 @@ def _build_detect(
     if n != 1 or len(args) != 2:
         raise ConfigError(f"{where}: expected number 1 and args [nc, anchors], got {n} and {args}")
     nc, anchors = args
-    if not _positive_int(nc):
-        raise ConfigError(f"{where}: nc must be a positive integer, got {nc!r}")
+    if not _positive_int(nc) or nc > MAX_CLASSES:
+        raise ConfigError(f"{where}: nc must be an integer in [1, {MAX_CLASSES:,}], got {nc!r}")
     anchors = _check_anchors(anchors, where)
     if isinstance(anchors, int):  # placeholders (0, 1, 2, ...) for AutoAnchor to replace, as the release
         anchors = tuple(tuple(float(v) for v in range(2 * anchors)) for _ in sources)
     if not 1 <= len(sources) <= 5 or len(anchors) != len(sources):
         raise ConfigError(f"{where}: {len(anchors)} anchor rows for {len(sources)} inputs (1 to 5 levels)")
     anchors = _anchor_order(anchors, strides)
-    module = Detect(nc, anchors, channels, strides)
+    na = len(anchors[0]) // 2
+    head_parameters = sum((c + 1) * na * (nc + 5) for c in channels)  # one 1x1 conv (+ bias) per level
     ctor_args = (nc, [list(a) for a in anchors], list(channels))
-    return _Layer(LayerSpec(index, sources, 1, name, ctor_args, nc + 5, 0.0), module)
+    spec = LayerSpec(index, sources, 1, name, ctor_args, nc + 5, 0.0)
+    return _Layer(spec, lambda: Detect(nc, anchors, channels, strides), head_parameters)
+
+
+def _parameter_estimate(
+    kind: str, bound: dict, channels: Sequence[int], out_channels: int, repeats: int
+) -> int:
+    """An upper bound of a row's parameters without building it: every block here is at most a few
+    convolutions per repeat (a C3 with n bottlenecks: 3 + 2n), each at most 3x3 or the row's kernel `k`,
+    between its widest input, output or hidden (`e` x output) channels."""
+    if kind in ("concat", "same"):
+        return 0  # Concat, Upsample, MaxPool2d, ZeroPad2d: no parameters
+    k = bound.get("k", 1)
+    kernel_area = max(k * k if _is_int(k) else math.prod(k) if _kernel(k) else 1, 9)
+    widest = math.ceil(max(*channels, out_channels) * max(bound.get("e", 1), 1))
+    units = 3 + 2 * repeats if kind == "csp" else 4 * repeats  # CSP repeats are the inside bottlenecks
+    return units * (kernel_area + 4) * widest * widest
+
+
+def _check_parameters(layers: Sequence[_Layer], origin: str) -> None:
+    """ConfigError naming the first layer at which the parameters exceed MAX_PARAMETERS. Counted
+    exactly (built on the meta device: no memory) only when the estimates add up to more than that."""
+    if sum(layer.estimate for layer in layers) <= MAX_PARAMETERS:
+        return
+    total = 0
+    with torch.device("meta"):
+        for layer in layers:
+            total += sum(p.numel() for p in layer.make().parameters())
+            if total > MAX_PARAMETERS:
+                raise ConfigError(
+                    f"layer {layer.spec.index} ({layer.spec.block}) in {origin}: {total:,} parameters up to "
+                    f"this layer, over the limit of {MAX_PARAMETERS:,} (check depth_multiple, "
+                    "width_multiple, the repeats, channels, anchors and nc)"
+                )
 
 
 def _anchor_order(anchors: tuple, strides: Sequence[float]) -> tuple:
@@ -531,9 +617,11 @@ def _build_layers(config: dict) -> list[_Layer]:
     nc, gd, gw = config["nc"], config["depth_multiple"], config["width_multiple"]
     if not _positive_int(nc):
         raise ConfigError(f"{origin}: nc must be a positive integer, got {nc!r}")
+    if nc > MAX_CLASSES:
+        raise ConfigError(f"{origin}: nc {nc} is over the limit of {MAX_CLASSES:,}")
     for key, value in (("depth_multiple", gd), ("width_multiple", gw)):
-        if not _is_number(value) or value <= 0:
-            raise ConfigError(f"{origin}: {key} must be a positive number, got {value!r}")
+        if not _is_number(value) or not 0 < value <= MAX_MULTIPLE:
+            raise ConfigError(f"{origin}: {key} must be a number in (0, {MAX_MULTIPLE:g}], got {value!r}")
     anchors = _check_anchors(config["anchors"], origin)
     activation = None
     if config.get("activation") is not None:
@@ -545,18 +633,26 @@ def _build_layers(config: dict) -> list[_Layer]:
         rows += config[key]
     if not rows:
         raise ConfigError(f"{origin}: backbone and head hold no layers")
+    if len(rows) > MAX_LAYERS:
+        raise ConfigError(
+            f"{origin}: {len(rows)} layers in backbone and head, over the limit of {MAX_LAYERS}"
+        )
     built: list[_Layer] = []
     for index, row in enumerate(rows):
         built.append(_build_row(index, row, built, origin, nc, gd, gw, anchors, activation))
     if built[-1].spec.block != "Detect" or any(layer.spec.block == "Detect" for layer in built[:-1]):
         raise ConfigError(f"{origin}: the last layer, and only the last, must be Detect")
+    _check_parameters(built, origin)
     return built
 
 
 def resolve_layers(config: dict) -> list[LayerSpec]:
     """The config's layers, scaled and wired (their modules are built on the meta device and dropped)."""
+    layers = _build_layers(load_model_config(config))
     with torch.device("meta"):
-        return [layer.spec for layer in _build_layers(load_model_config(config))]
+        for layer in layers:
+            layer.make()
+    return [layer.spec for layer in layers]
 
 
 def _apply_activation_overrides(model: nn.Module, overrides: Any, origin: str) -> None:
@@ -630,7 +726,7 @@ def build_model(cfg: str | Path | dict, nc: int | None = None, anchors: Any = No
     if anchors is not None:
         config["anchors"] = anchors
     built = _build_layers(config)
-    model = DetectionModel(config, [layer.spec for layer in built], [layer.module for layer in built])
+    model = DetectionModel(config, [layer.spec for layer in built], [layer.make() for layer in built])
     if config.get(ACTIVATION_OVERRIDES):
         _apply_activation_overrides(model, config[ACTIVATION_OVERRIDES], str(config.get("name")))
     model.detect.initialize_biases()

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from yolov5_smddp import launch
+from yolov5_smddp.atomic import make_folder
 from yolov5_smddp.commands.train import main as train_main
 from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.distributed import DistInfo, detect_dist_info
@@ -161,7 +162,7 @@ def run_job(
     if weights is not None:
         worker_args += ["--weights", str(weights)]
     for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
 
     if plan.in_process:
         code = int(train_main(worker_args, info=worker_info(info, plan)) or 0)

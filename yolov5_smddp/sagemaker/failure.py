@@ -8,19 +8,28 @@ traceback in the log, and a non-zero exit code:
   any failed program),
 - a worker's own exit code when one failed (WorkerFailed),
 - SystemExit's integer code (argparse: 2),
-- 2 (EXIT_USER_ERROR) for a UserError (bad option, dataset, weights): the input must change,
+- 2 (EXIT_USER_ERROR) for a UserError (bad option, dataset, weights) and for an output that cannot be
+  written (OutputError, or an OSError such as ENOSPC: a full disk, a read-only folder): the input or the
+  job's storage must change; one `error:` line in the log, no traceback (it goes to the debug log),
 - 1 (EXIT_INTERNAL_ERROR) for anything else.
+
+`train`/`val`/`predict`/`export` run directly (yolov5_smddp.cli) report through `report_command_failure`:
+the same one line, and the failure file too where the SageMaker output folder is there
+(`command_failure_file`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, DataError, UserError
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, DataError, OutputError, UserError, output_error
 from yolov5_smddp.launch import WorkerFailed
+from yolov5_smddp.sagemaker.env import default_failure_file
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +38,40 @@ EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 
 
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+"""OS errors that only a write raises: an OSError of these reaching the top is an output problem even
+where no atomic_write turned it into an OutputError (a library writing its own file)."""
+
+FULL_DISK_ADVICE = "raise volume_size (the job's storage volume, in GB) or write less into it"
+FULL_DISK_MARKS = ("no space left on ", "disk quota exceeded on ")
+"""OutputError causes for a full disk, as the worker's recorded error text carries them too."""
+
+
+def as_output_error(exc: BaseException) -> OutputError | None:
+    """`exc` as the OutputError it stands for: itself, or an OSError only a write raises (with its
+    file name); None otherwise."""
+    if isinstance(exc, OutputError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS and exc.filename:
+        return output_error(exc, exc.filename)
+    return None
+
+
+def _full_disk_advice(text: str) -> str:
+    return f": {FULL_DISK_ADVICE}" if any(mark in text for mark in FULL_DISK_MARKS) else ""
+
+
 def failure_reason(exc: BaseException) -> str:
     """One paragraph for /opt/ml/output/failure: what failed, which file/value, what to do."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, WorkerFailed):
-        return f"Training failed: {text}. The worker's full traceback is in the job's log (CloudWatch)."
+        return (
+            f"Training failed: {text}{_full_disk_advice(text)}. "
+            "The worker's full traceback is in the job's log (CloudWatch)."
+        )
+    written = as_output_error(exc)
+    if written is not None:
+        return f"Output problem: {written.cause}{_full_disk_advice(written.cause)} (writing {written.path})"
     if isinstance(exc, UserError):
         kind = {ConfigError: "Invalid hyperparameter or option", DataError: "Dataset problem"}.get(
             type(exc), "Invalid input"
@@ -52,7 +90,20 @@ def exit_code(exc: BaseException) -> int:
     worker_code = getattr(exc, "exitcode", 0)
     if isinstance(worker_code, int) and worker_code > 0:
         return worker_code
-    return EXIT_USER_ERROR if isinstance(exc, UserError) else EXIT_INTERNAL_ERROR
+    if isinstance(exc, UserError) or as_output_error(exc) is not None:
+        return EXIT_USER_ERROR
+    return EXIT_INTERNAL_ERROR
+
+
+def is_known_problem(exc: BaseException) -> bool:
+    """A bad input or an output that cannot be written: reported in one line, no traceback."""
+    return isinstance(exc, UserError) or as_output_error(exc) is not None
+
+
+def error_line(exc: BaseException) -> str:
+    """The one `error:` line of a known problem (is_known_problem)."""
+    problem = as_output_error(exc) or exc
+    return "error: " + " ".join(str(problem).split())
 
 
 def write_failure(path: Path, reason: str, details: str = "") -> None:
@@ -64,18 +115,34 @@ def write_failure(path: Path, reason: str, details: str = "") -> None:
         handle.write(body)
 
 
-def report_failure(exc: BaseException, failure_file: Path) -> int:
-    """Log the traceback and the reason, write the failure file, return the exit code.
+def report_failure(exc: BaseException, failure_file: Path | None) -> int:
+    """Log the failure, write the failure file (unless None), return the exit code. A known problem
+    (is_known_problem) is one `error:` line (its traceback at debug level) and the reason alone in the
+    file; anything else logs the traceback and puts it in the file after the reason.
     Call it from an `except` block (it formats the exception being handled)."""
     details = traceback.format_exc()
-    log.error("%s", details)
+    if is_known_problem(exc):
+        log.debug("%s", details)
+        log.error("%s", error_line(exc))
+        details = ""
+    else:
+        log.error("%s", details)
     reason = failure_reason(exc)
     log.error("FAILURE: %s", reason)
-    try:
-        write_failure(failure_file, reason, details)
-    except OSError as write_exc:
-        log.error("could not write %s: %s", failure_file, write_exc)
+    if failure_file is not None:
+        try:
+            write_failure(failure_file, reason, details)
+        except (OSError, UserError) as write_exc:
+            log.error("could not write %s: %s", failure_file, write_exc)
     return exit_code(exc)
+
+
+def command_failure_file(environ: Mapping[str, str]) -> Path | None:
+    """Where a command run directly (`yolov5-smddp train|val|predict|export`) writes its failure file:
+    /opt/ml/output/failure (under $SAGEMAKER_BASE_DIR) when that output folder exists (a SageMaker
+    container), else None (a laptop: the `error:` line alone)."""
+    failure_file = default_failure_file(environ)
+    return failure_file if failure_file.parent.is_dir() else None
 
 
 def report_stop(reason: str, failure_file: Path) -> int:
@@ -84,6 +151,6 @@ def report_stop(reason: str, failure_file: Path) -> int:
     log.warning("STOPPED: %s", reason)
     try:
         write_failure(failure_file, reason)
-    except OSError as write_exc:
+    except (OSError, UserError) as write_exc:
         log.error("could not write %s: %s", failure_file, write_exc)
     return EXIT_INTERRUPTED
