@@ -237,6 +237,19 @@ def test_prepare_data_yaml_errors_name_the_channel(tmp_path):
     assert prepare_data_yaml(no_channel, None) is None
 
 
+def test_a_looping_data_yaml_link_in_the_channel_is_named_as_one(tmp_path):
+    base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1")
+    channel = base / "input" / "data" / "training"
+    (channel / "data.yaml").symlink_to("data.yaml")
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(base)})
+    with pytest.raises(DataError) as refused:
+        prepare_data_yaml(env, None)
+    assert str(refused.value) == (
+        f"training channel {channel}: data.yaml is a symbolic link that cannot be followed "
+        "(a link loop or a dangling link: 'data.yaml')"
+    )
+
+
 def test_failure_file_reason_comes_first(tmp_path):
     path = tmp_path / "output" / "failure"
     reason = failure_reason(DataError("training channel /opt/ml/input/data/training: data.yaml not found"))

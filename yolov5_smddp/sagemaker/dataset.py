@@ -5,6 +5,7 @@ of a `weights` (or `model`) channel."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import yaml
@@ -41,6 +42,11 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     if data is None and not yaml_path.is_file() and len(jsons) == 1:  # images + one COCO JSON
         yaml_path = jsons[0]
         log.info("data: no data.yaml in channel %s; reading its COCO JSON %s", train_channel, yaml_path.name)
+    if yaml_path.is_symlink() and not yaml_path.exists():  # a loop or a dangling link: not "not found"
+        raise DataError(
+            f"training channel {train_channel}: {yaml_path.name} is a symbolic link that cannot be followed "
+            f"(a link loop or a dangling link: {os.readlink(yaml_path)!r})"
+        )
     if not yaml_path.is_file():
         found = sorted(p.name for p in train_channel.glob("*.yaml"))
         hint = (
