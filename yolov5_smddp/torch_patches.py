@@ -78,7 +78,7 @@ def static_store_problems() -> list[str]:
         problems.append("static_tcp_rendezvous.TCPStore is not torch.distributed.TCPStore")
     if not _looks_up(static_tcp_rendezvous.StaticTCPRendezvous.next_rendezvous, "TCPStore"):
         problems.append("StaticTCPRendezvous.next_rendezvous no longer creates its store as TCPStore(...)")
-    if "use_libuv" not in (TCPStore.__init__.__doc__ or ""):
+    if "use_libuv" not in (TCPStore.__doc__ or ""):  # the class documents its constructor's arguments
         problems.append("TCPStore takes no use_libuv argument")
     return problems
 
