@@ -26,8 +26,9 @@ commands:
         that image is present or can be pulled, else with debootstrap (root, Debian-like Linux; no registry).
         STANDIN_METHOD=dockerfile|debootstrap forces one (docker/standin/build.sh).
   test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
-        image, then the container tests (pytest -m docker) from this host in a virtualenv. Needs only
-        Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it (so does a missing
+        image, then the container tests (pytest -m docker) from this host in a virtualenv, then the unit
+        and integration tests again on the DLC's versions (Python 3.11, torch 2.5.1 from PyPI: a test image
+        on Debian bookworm, docker/dlc-versions/, cached like the stand-in). Needs only Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it (so does a missing
         engine or image for the container tests); the summary lists every skip with its reason.
   run [train options]
         Build on the local base and run the main job: `docker run IMAGE train [options]` with the outputs in
@@ -202,6 +203,20 @@ cmd_test() {
         "sagemaker~=2.257.0" || die "pip install pytest pyyaml docker sagemaker failed"
     run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
         YOLOV5_SMDDP_STRICT_SKIPS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs -m docker tests/docker
+
+    # The same unit/integration tests on the AWS DLC's versions (Python 3.11, torch 2.5.1 from PyPI; the run
+    # above is on Debian's 3.13 / 2.6): the torch internals we rely on differ between releases.
+    local dlc_start=$SECONDS dlc_base dlc_image dlc_test_image
+    dlc_base="$(bash "$here/docker/dlc-versions/build.sh" | tail -n 1)"
+    dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
+    dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
+    echo "== test image $dlc_test_image" >&2
+    docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
+    echo "== unit/integration tests inside $dlc_test_image (images ready in $((SECONDS - dlc_start)) s)" >&2
+    run_pytest "unit/integration tests on the DLC's versions" docker run --rm -v "$here:/src" -w /src \
+        -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 "$dlc_test_image" \
+        python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests
+    echo "== DLC-versions images and tests in $((SECONDS - dlc_start)) s" >&2
     echo "== all tests passed in $((SECONDS - start)) s" >&2
 }
 

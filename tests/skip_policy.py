@@ -1,9 +1,9 @@
 """Which skips a CI run accepts: the ONE allow-list, and the switch that makes every other skip fail the run.
 
 Under CI (`CI=true`, what CI services set, or `YOLOV5_SMDDP_STRICT_SKIPS=1`, what `./build.sh test` sets for
-both of its pytest runs) a skipped test or a skipped module that is not on `ALLOWED_SKIPS` turns the run red
+each of its pytest runs) a skipped test or a skipped module that is not on `ALLOWED_SKIPS` turns the run red
 (tests/conftest.py). Everything the tests need is installed where CI runs them (docker/test.Dockerfile for the
-unit/integration run; .ci/run and build.sh for the container run), so a skip there means a broken install or a
+unit/integration runs, on the stand-in and on docker/dlc-versions; .ci/run and build.sh for the container run), so a skip there means a broken install or a
 missing engine, not an optional extra. Outside CI skips stay skips, so a developer without Docker or
 mpirun can still run the rest.
 

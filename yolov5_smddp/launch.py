@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+from yolov5_smddp import torch_patches
 from yolov5_smddp.distributed import DistInfo
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
 
@@ -150,12 +151,14 @@ def run_elastic(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _static_store_honours_use_libuv(environ)
     program, args = worker_command(train_args)
+    # USE_LIBUV=0: a torch built without libuv (Debian's, in the local stand-in); the static rendezvous
+    # ignores the variable and would fail at once
+    store = torch_patches.static_store_without_libuv() if environ.get("USE_LIBUV") == "0" else nullcontext()
     try:
         # torch's agent gives its workers a copy of os.environ; after a SIGTERM it waits SIGTERM_GRACE_S
         # for them (their checkpoint and model folder), not its own 30 s
-        with _process_environment(environ), _workers_get_the_stop_window():
+        with _process_environment(environ), store, torch_patches.agent_waits_after_sigterm(SIGTERM_GRACE_S):
             elastic_launch(LaunchConfig(**elastic_config(plan, run_id=run_id)), program)(*args)
     except SignalException:
         return EXIT_INTERRUPTED
@@ -181,34 +184,6 @@ SIGKILL comes 120 s after its SIGTERM."""
 
 
 @contextmanager
-def _workers_get_the_stop_window() -> Iterator[None]:
-    """Inside the block, torch's elastic agent, once it has received SIGTERM itself, waits up to
-    SIGTERM_GRACE_S for its workers before SIGKILL (torch's default: 30 s, too short for a checkpoint and
-    the model folder). A shutdown after a failed worker keeps torch's 30 s."""
-    import signal
-
-    from torch.distributed.elastic.multiprocessing import api
-
-    original_handler, original_close = api._terminate_process_handler, api.PContext.close
-    received: list[int] = []
-
-    def handler(signum, frame) -> None:
-        received.append(signum)
-        original_handler(signum, frame)
-
-    def close(self, death_sig=None, timeout: int = 30) -> None:
-        if signal.SIGTERM in received:
-            timeout = max(timeout, SIGTERM_GRACE_S)
-        original_close(self, death_sig, timeout)
-
-    api._terminate_process_handler, api.PContext.close = handler, close
-    try:
-        yield
-    finally:
-        api._terminate_process_handler, api.PContext.close = original_handler, original_close
-
-
-@contextmanager
 def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
     """os.environ is exactly `environ` inside the block and what it was before after it."""
     saved = dict(os.environ)
@@ -219,22 +194,6 @@ def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _static_store_honours_use_libuv(environ: Mapping[str, str]) -> None:
-    """With USE_LIBUV=0 (torch builds without libuv, e.g. Debian's in the local stand-in) make the static
-    rendezvous create its TCPStore without libuv: it ignores the variable and would fail at once."""
-    if environ.get("USE_LIBUV") != "0":
-        return
-    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
-
-    store_class = static_tcp_rendezvous.TCPStore
-
-    def tcp_store(*args, **kwargs):
-        kwargs.setdefault("use_libuv", False)
-        return store_class(*args, **kwargs)
-
-    static_tcp_rendezvous.TCPStore = tcp_store
 
 
 def _worker_main(argv: Sequence[str]) -> int:

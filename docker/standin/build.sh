@@ -14,14 +14,17 @@
 #
 # environment: STANDIN_METHOD (auto|dockerfile|debootstrap), STANDIN_SUITE (trixie), STANDIN_MIRROR (the
 # debootstrap mirror), STANDIN_BASE_IMAGE (debian:<suite>-slim), STANDIN_PULL_TIMEOUT (seconds, 300),
-# STANDIN_IMAGE_NAME (yolov5-smddp-standin).
+# STANDIN_IMAGE_NAME (yolov5-smddp-standin). Another image built the same way (docker/dlc-versions/build.sh)
+# sets STANDIN_RECIPE_DIR (the folder of its recipe, this one's by default) and STANDIN_RECIPE (its files, the
+# Dockerfile first).
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+here="$(cd "${STANDIN_RECIPE_DIR:-$(dirname "${BASH_SOURCE[0]}")}" && pwd)"
 suite="${STANDIN_SUITE:-trixie}"
 mirror="${STANDIN_MIRROR:-http://deb.debian.org/debian}"
 base_image="${STANDIN_BASE_IMAGE:-debian:${suite}-slim}"
-recipe=(Dockerfile packages.txt pip-requirements.txt setup.sh start_with_right_hostname.sh torch_without_libuv.py)
+# the Dockerfile first, then what it copies (setup.sh runs as `setup.sh DIR` with all of them in DIR)
+read -r -a recipe <<< "${STANDIN_RECIPE:-Dockerfile packages.txt pip-requirements.txt setup.sh start_with_right_hostname.sh torch_without_libuv.py}"
 
 die() { echo "error: $*" >&2; exit 1; }
 ctx="" root=""  # the dockerfile path's build context, the debootstrap path's root: removed on exit

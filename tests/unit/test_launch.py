@@ -175,32 +175,3 @@ def test_elastic_config_is_accepted_by_torch_launch_config():
     )
     config = api.LaunchConfig(**elastic_config(plan, run_id="t"))
     assert (config.rdzv_backend, config.max_restarts, config.rdzv_configs["rank"]) == ("static", 0, 0)
-
-
-def test_after_its_own_sigterm_the_elastic_agent_waits_the_stop_window_for_its_workers():
-    """torch's agent kills its workers 30 s after its SIGTERM; inside run_elastic it waits SIGTERM_GRACE_S
-    (the workers write a checkpoint and the model folder), but only after a SIGTERM of its own: a shutdown
-    after a failed worker keeps torch's 30 s. Outside the block torch is as it was."""
-    import signal
-
-    from torch.distributed.elastic.multiprocessing import SignalException, api
-
-    from yolov5_smddp import launch
-
-    class Context:
-        _stdout_tail = _stderr_tail = None
-
-        def _close(self, death_sig, timeout):
-            self.closed = (death_sig, timeout)
-
-    before = (api._terminate_process_handler, api.PContext.close)
-    with launch._workers_get_the_stop_window():
-        context = Context()
-        api.PContext.close(context, signal.SIGTERM)
-        assert context.closed == (signal.SIGTERM, 30)  # a failed worker: torch's grace
-        with pytest.raises(SignalException):
-            api._terminate_process_handler(signal.SIGTERM, None)  # what the agent's handler does
-        api.PContext.close(context, signal.SIGTERM)
-        assert context.closed == (signal.SIGTERM, launch.SIGTERM_GRACE_S)
-    assert (api._terminate_process_handler, api.PContext.close) == before
-    assert launch.SIGTERM_GRACE_S < 120  # SageMaker's SIGKILL

@@ -167,3 +167,43 @@ def test_the_dockerfile_path_builds_the_recipe_with_the_suite_and_base(fake):
     ]
     assert sorted(calls[build + 1 :]) == sorted([*RECIPE, "host-ca.crt"])  # the staged build context
     assert "with the dockerfile path" in err
+
+
+DLC_VERSIONS = STANDIN.parent / "dlc-versions"
+DLC_RECIPE = ["Dockerfile", "packages.txt", "pip-requirements.txt", "setup.sh"]
+
+
+def expected_dlc_tag(folder: Path = DLC_VERSIONS) -> str:
+    content = b"".join((folder / name).read_bytes() for name in DLC_RECIPE) + b"bookworm\n"
+    return f"yolov5-smddp-dlc-versions-base:{hashlib.sha256(content).hexdigest()[:12]}"
+
+
+def test_the_dlc_versions_base_is_built_by_the_same_driver_from_its_own_recipe(fake):
+    code, out, err, calls = fake(folder=DLC_VERSIONS, pullable=["debian:bookworm-slim"])
+    assert code == 0, err
+    assert out.splitlines()[-1] == expected_dlc_tag()
+    build = next(i for i, call in enumerate(calls) if call.startswith("build "))
+    assert calls[build].split()[:7] == [
+        "build",
+        "--build-arg",
+        "SUITE=bookworm",
+        "--build-arg",
+        "BASE_IMAGE=debian:bookworm-slim",
+        "-t",
+        expected_dlc_tag(),
+    ]
+    assert sorted(calls[build + 1 :]) == sorted([*DLC_RECIPE, "host-ca.crt"])
+
+
+def test_the_dlc_versions_tag_follows_its_recipe_and_leaves_the_stand_ins_alone(fake, tmp_path: Path):
+    copy = tmp_path / "docker"
+    shutil.copytree(STANDIN.parent, copy)
+    assert fake("--tag", folder=copy / "dlc-versions")[1].strip() == expected_dlc_tag()
+    seen = {expected_dlc_tag()}
+    for name in DLC_RECIPE:
+        with (copy / "dlc-versions" / name).open("a") as f:
+            f.write("# changed\n")
+        tag = fake("--tag", folder=copy / "dlc-versions")[1].strip()
+        assert tag == expected_dlc_tag(copy / "dlc-versions") and tag not in seen, name
+        seen.add(tag)
+    assert fake("--tag", folder=copy / "standin")[1].strip() == expected_tag()
