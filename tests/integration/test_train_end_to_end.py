@@ -157,7 +157,9 @@ def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
         got = run_handler(
             model_dir, Path(want["image"]), "image/jpeg", YOLOV5_CONF="1e-6", YOLOV5_MAX_DET="10"
         )
-        assert_same_detections(got, want)
+        # TorchScript (the handler) and the fused eager model (predict) round differently in the last bit:
+        # among an unsure model's near-equal scores the 10 kept may differ at the cut, nowhere else
+        assert_same_detections(got, want, ties_at_the_cut=True)
 
 
 def test_plots_in_the_output_folder(embedded_run):
