@@ -29,10 +29,13 @@ class WeightsError(UserError):
     """A checkpoint that cannot be read safely or does not fit the model."""
 
 
-class OutputError(UserError):
+class OutputError(UserError, OSError):
     """A file or folder this program writes could not be written: a full disk, a read-only or
     unwritable folder, a file where a folder should be. `folder` is the folder named in the message,
-    `cause` the short reason ("no space left on /opt/ml/model"), `errno` the OS error number (or None)."""
+    `cause` the short reason ("no space left on /opt/ml/model"), `errno` the OS error number (or None).
+
+    Also an OSError: code that tolerates a failed write (a cache folder that cannot be written costs a log
+    line, not the run) catches OSError, as it did before atomic_write raised this instead."""
 
     def __init__(
         self, path: Path, folder: Path, cause: str, errno: int | None, *, what: str = "write"

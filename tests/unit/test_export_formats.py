@@ -155,4 +155,7 @@ def test_an_output_folder_or_file_that_cannot_be_written_is_one_line(tmp_path, c
     assert err == f"error: --output-dir: cannot make the folder {blocker / 'sub'} (Not a directory)"
     (tmp_path / "w.torchscript").mkdir()  # where the file should go: a folder
     assert main(["export", "--weights", str(weights), "--imgsz", "64"]) == 2
-    assert capsys.readouterr().err.strip() == f"error: export: cannot write into {tmp_path} (Is a directory)"
+    assert capsys.readouterr().err.strip() == (
+        f"error: cannot write {tmp_path / 'w.torchscript'}: {tmp_path / 'w.torchscript'} is a folder where a file "
+        "should be"
+    )

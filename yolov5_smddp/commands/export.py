@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from yolov5_smddp.commands.options import add_model_input_options, make_folder
-from yolov5_smddp.errors import DataError
+from yolov5_smddp.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     make_folder(folder, "--output-dir")
     try:
         written = export_model(model, folder / args.weights.stem, options, device)
+    except OutputError:  # atomic_write's own line already names the file and the cause
+        raise
     except OSError as exc:  # a full disk or a read-only folder, met while writing
         raise DataError(f"export: cannot write into {folder} ({exc.strerror or exc})") from None
     log.info("exported %s", ", ".join(str(p) for p in written.values()))
