@@ -13,20 +13,18 @@ import io
 import json
 import os
 import pickle
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from child_python import run_python
 
 from yolov5_smddp.checkpoint import load_checkpoint
 from yolov5_smddp.errors import WeightsError
 from yolov5_smddp.models.torchfile import MAX_EXPANSION, check_torch_file, torch_error_line
 from yolov5_smddp.models.weights import load_weights
 
-REPO = Path(__file__).resolve().parents[2]
 PEAK_RSS_LIMIT_MB = 500
 
 
@@ -106,10 +104,7 @@ def _load_in_child(path: Path, loader: str = "weights") -> dict:
         "peak = int(status.split()[0]) / 1024  # this process's peak RSS (kB -> MB)\n"
         "print(json.dumps({'error': error, 'peak_mb': peak}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(path), loader], capture_output=True, text=True, timeout=300, env=env
-    )
+    done = run_python(code, path, loader, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from child_python import run_python
 
 from yolov5_smddp.data.coco import load_coco, parse_coco
 from yolov5_smddp.data.config import load_data_config
@@ -25,7 +24,6 @@ from yolov5_smddp.data.labels import MAX_LABEL_BYTES, build_label_index, parse_l
 from yolov5_smddp.errors import DataError
 
 LABEL = "0 0.5 0.5 0.25 0.25\n"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _dataset(root: Path, n: int = 12) -> Path:
@@ -53,10 +51,7 @@ def _scan_in_subprocess(root: Path, timeout: float = 60) -> dict:
         "r = build_label_index([root / 'images'], nc=2, root=root, cache_dir=root.parent / 'cache', workers=2).report\n"
         "print(json.dumps({'found': r.found, 'usable': r.usable, 'bad': r.bad, 'messages': r.messages}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    done = run_python(code, root, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -236,14 +231,8 @@ def test_coco_json_that_is_a_fifo_is_never_opened(tmp_path):
         "try:\n    load_coco(Path(sys.argv[1]), Path(sys.argv[2]))\n"
         "except Exception as exc:\n    print(f'{type(exc).__name__}: {exc}')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(path), str(tmp_path / "cache")],
-        capture_output=True,
-        text=True,
-        timeout=60,  # opening the FIFO would block: the child is killed and the test fails
-        env=env,
-    )
+    # opening the FIFO would block: the child is killed after 60 s and the test fails
+    done = run_python(code, path, tmp_path / "cache", timeout=60)
     assert done.stdout.strip() == f"DataError: COCO JSON {path}: a FIFO (named pipe), not a regular file"
 
 
@@ -256,6 +245,5 @@ def test_the_validation_mosaic_reads_a_non_utf8_name_without_crashing(tmp_path):
         "import sys, os\nfrom yolov5_smddp.plots import _image_or_none\n"
         "print(_image_or_none(os.fsdecode(sys.argv[1].encode('utf-8', 'surrogateescape'))).shape)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env)
+    done = run_python(code, path)
     assert (done.returncode, done.stdout.strip()) == (0, "(20, 30, 3)")
