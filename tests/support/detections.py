@@ -25,6 +25,20 @@ def scene_image(path, seed: int = 0) -> None:
     cv2.imwrite(str(path), image)
 
 
+def randomise_batchnorm(model) -> None:
+    """BatchNorm statistics and affine terms that are not the identity, so that export's folding of them is
+    tested (a freshly built model's would fold to nothing)."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+
+
 def assert_same_detections(got: dict, want: dict, px: float = 1.0, *, ties_at_the_cut: bool = False) -> None:
     """Same image size and the same detections, paired one to one (the same class, score within 1e-3,
     box within `px` pixels); order may differ among equal scores. With `ties_at_the_cut` (both sides cut at

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from detections import assert_same_detections, scene_image
+from detections import assert_same_detections, randomise_batchnorm, scene_image
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.export import ExportOptions, export_model, names_literal
@@ -33,13 +33,7 @@ def relative_error(got: torch.Tensor | np.ndarray, ref: torch.Tensor) -> float:
 def _model(size: str, nc: int = 3):
     torch.manual_seed({"n": 0, "s": 1}[size])
     model = build_model(f"yolov5{size}", nc=nc)
-    with torch.no_grad():  # BatchNorm statistics that are not the identity, so folding them is tested
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.2, 0.2)
-                module.running_var.uniform_(0.5, 2.0)
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.2, 0.2)
+    randomise_batchnorm(model)
     model.names = [f"thing {i}" for i in range(nc)]
     return model.eval()
 

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 import yaml
-from detections import assert_same_detections, scene_image
+from detections import assert_same_detections, randomise_batchnorm, scene_image
 
 from yolov5_smddp import export
 from yolov5_smddp.cli import main
@@ -26,13 +26,8 @@ TOLERANCE = 1e-4  # max |export - torch| / max |torch|
 def _model(nc: int = 3):
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=nc)
-    with torch.no_grad():  # BatchNorm statistics that are not the identity, so folding them is tested
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.2, 0.2)
-                module.running_var.uniform_(0.5, 2.0)
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.2, 0.2)
+    randomise_batchnorm(model)
+    with torch.no_grad():
         for conv in model.detect.m:  # an objectness prior: a random model then detects at --conf 0.1
             conv.bias.view(model.detect.na, -1)[:, 4] += 4.0
     model.names = [f"thing {i}" for i in range(nc)]
