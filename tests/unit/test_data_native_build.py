@@ -100,3 +100,25 @@ def test_an_install_without_the_headers_fails_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "error: " + setup_py.missing_message([empty])
     assert not list(out.rglob("*.o")) and not list(out.rglob("*.so"))
+
+
+def test_a_libjpeg_that_does_not_compile_fails_with_one_line(tmp_path):
+    """A jpeglib.h that is not libjpeg-turbo's (here one that stops the compiler): the compile fails and the
+    last line says what the library needs and how to get it or opt out."""
+    other, out = tmp_path / "other", tmp_path / "build"
+    other.mkdir()
+    (other / "jpeglib.h").write_text('#error "not libjpeg-turbo"\n')
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFUSE, str(out), str(other)],
+        cwd=REPO,
+        env={**os.environ, setup_py.OPT_OUT_ENV: ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {setup_py.SOURCE} did not compile against {other / 'jpeglib.h'} (")
+    assert last.endswith(setup_py.INSTALL_HINT) and "libjpeg-turbo >= 1.5" in last
+    assert not list(out.rglob("*.so"))
