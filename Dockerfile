@@ -33,20 +33,17 @@ RUN mkdir -p "$MPLCONFIGDIR" \
     && (python3 -c "import matplotlib.font_manager" || echo "matplotlib is not installed: plots will be skipped")
 
 # The loader's native loops (yolov5_smddp/data/native.py: JPEG region decoding, the HSV table fused with the
-# flips): a small C library over the system's libjpeg-turbo
-# (>= 1.5: Debian's libjpeg62-turbo in the stand-in, Ubuntu's libjpeg-turbo8 in the DLC; `libjpeg-dev` names
-# it on both), loaded with ctypes from this fixed path. Each use falls back to OpenCV whenever it is absent or
-# fails its self-check; a failed compile fails the build, so CI never tests an image without it.
-COPY yolov5_smddp/data/native.c /opt/yolov5-smddp/src/native.c
+# flips): a small C library over the system's libjpeg-turbo (>= 1.5: Debian's libjpeg62-turbo in the
+# stand-in, Ubuntu's libjpeg-turbo8 in the DLC; `libjpeg-dev` names it on both), which setup.py builds into
+# the package during the pip install below, the same build as any `pip install .`: here only the compiler and
+# the headers, cached. A missing header or a failed compile fails that install, and a library that does not
+# load fails the check after it, so CI never tests an image without it.
 RUN (apt-get update -qq || echo "apt-get update reported errors (a third-party list?): installing from the rest") \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev \
-    && rm -rf /var/lib/apt/lists/* \
-    && mkdir -p /opt/yolov5-smddp/lib \
-    && gcc -O2 -Wall -Wextra -shared -fPIC -o /opt/yolov5-smddp/lib/libyolov5_smddp_native.so \
-        /opt/yolov5-smddp/src/native.c -ljpeg
+    && rm -rf /var/lib/apt/lists/*
 
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
-COPY pyproject.toml LICENSE README.md /opt/yolov5-smddp/
+COPY pyproject.toml setup.py LICENSE README.md /opt/yolov5-smddp/
 COPY entrypoint.py docker/entry.py /opt/yolov5-smddp/
 COPY yolov5_smddp /opt/yolov5-smddp/yolov5_smddp
 RUN cd /opt/yolov5-smddp \
@@ -56,6 +53,8 @@ RUN cd /opt/yolov5-smddp \
     && install -D -m 0644 entrypoint.py /opt/ml/code/entrypoint.py \
     && install -m 0755 entry.py /usr/local/bin/yolov5-smddp-entry \
     && cd / && python3 -c "import yolov5_smddp.sagemaker, yolov5_smddp.launch; print('yolov5_smddp', yolov5_smddp.__version__)" \
+    && python3 -c "from yolov5_smddp.data import native; lib = native.library(); \
+assert lib is not None, native.why_not(); print('native library', native.library_path())" \
     && yolov5-smddp --help >/dev/null
 
 # Labels last: a new revision changes only this metadata step.

@@ -5,7 +5,9 @@ each of its pytest runs) a skipped test or a skipped module that is not on `ALLO
 (tests/conftest.py). Everything the tests need is installed where CI runs them (docker/test.Dockerfile for the
 unit/integration runs, on the stand-in and on docker/dlc-versions; .ci/run and build.sh for the container run), so a skip there means a broken install or a
 missing engine, not an optional extra. Outside CI skips stay skips, so a developer without Docker or
-mpirun can still run the rest.
+mpirun can still run the rest. So the native library's tests (tests/support/native_part.py) have no entry:
+`pip install` builds the library into the package, and CI's images install it; they skip only for an install
+made with YOLOV5_SMDDP_NO_NATIVE=1 or a source checkout never installed, neither of which CI runs.
 
 An entry names the test file or folder (a node id prefix), a piece of the skip's reason, and why CI accepts it.
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from native_part import required
 
 from yolov5_smddp.data import dataset as dataset_module
 from yolov5_smddp.data.augment import (
@@ -132,8 +133,7 @@ def index(tmp_path_factory):
 
 
 def test_samples_with_region_decoding_equal_the_whole_image_samples(index, monkeypatch):
-    if region_decoder() is None:
-        pytest.skip("native library not built: the Dockerfile builds it")
+    required(region_decoder())
     real = dataset_module.decode_region
     calls = {"region": 0, "ok": 0}
     noise = np.random.default_rng(9)

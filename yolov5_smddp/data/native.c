@@ -5,7 +5,7 @@
  *
  * Loaded with ctypes by yolov5_smddp/data/native.py; the policy (which rectangle, the margin for the
  * upsampling context, the self-checks against OpenCV, the fall back to OpenCV) lives in jpeg_roi.py and
- * augment.py; this file only computes. Built in the Dockerfile:
+ * augment.py; this file only computes. `pip install` builds it into the package (setup.py), the same as
  *     gcc -O2 -shared -fPIC -o libyolov5_smddp_native.so native.c -ljpeg
  * It needs libjpeg-turbo >= 1.5 (jpeg_skip_scanlines, jpeg_crop_scanline, JCS_EXT_BGR).
  *

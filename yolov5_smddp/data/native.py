@@ -1,9 +1,13 @@
 """The loader's small C library (native.c): loaded once per process with ctypes, or None.
 
-Built by the Dockerfile at `DEFAULT_LIBRARY` (or named by $YOLOV5_SMDDP_NATIVE_LIB). Every user of it
-checks its pixels against OpenCV once per process before relying on it (`jpeg_roi.region_decoder`,
-`augment.color_lut`) and falls back to OpenCV otherwise, so an image without the library, or with a
-libjpeg other than OpenCV's, trains on the same pixels, only slower.
+`pip install` builds it into this package (setup.py; the image installs the package the same way), so the
+library this process loads (`library_path()`) is, in order: $YOLOV5_SMDDP_NATIVE_LIB; the one beside this
+file (an installed package, or an in-place build); the installed package's, found on sys.path (a source
+checkout on PYTHONPATH in front of an installed package, as the test image runs); `LEGACY_LIBRARY`, where
+images built before the package built it hold it. Every user of it checks its pixels against OpenCV once
+per process before relying on it (`jpeg_roi.region_decoder`, `augment.color_lut`) and falls back to OpenCV
+otherwise, so an install without the library (YOLOV5_SMDDP_NO_NATIVE=1 at install time), or with a libjpeg
+other than OpenCV's, trains on the same pixels, only slower.
 """
 
 from __future__ import annotations
@@ -11,21 +15,38 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIBRARY = Path("/opt/yolov5-smddp/lib/libyolov5_smddp_native.so")
+LIBRARY_NAME = "libyolov5_smddp_native.so"  # setup.py builds it beside this file
+PACKAGE_LIBRARY = Path(__file__).resolve().parent / LIBRARY_NAME
+LEGACY_LIBRARY = Path("/opt/yolov5-smddp/lib") / LIBRARY_NAME  # the Dockerfile's own build, before setup.py
 LIBRARY_ENV = "YOLOV5_SMDDP_NATIVE_LIB"
 ABI = 3
 
 _loaded: dict[str, object] = {}  # "lib": the library or None, "why": the reason it is None
 
 
+def library_candidates(search_path: Sequence[str]) -> list[Path]:
+    """Where the library may be, in the order `library_path()` tries them: beside this file, in each
+    `search_path` entry's yolov5_smddp/data/ (an installed package behind a source checkout), then
+    `LEGACY_LIBRARY`."""
+    installed = [
+        Path(entry or ".").resolve() / "yolov5_smddp" / "data" / LIBRARY_NAME for entry in search_path
+    ]
+    return list(dict.fromkeys([PACKAGE_LIBRARY, *installed, LEGACY_LIBRARY]))
+
+
 def library_path() -> Path:
-    """The library this process loads: $YOLOV5_SMDDP_NATIVE_LIB, else `DEFAULT_LIBRARY`."""
-    return Path(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
+    """The library this process loads: $YOLOV5_SMDDP_NATIVE_LIB, else the first of `library_candidates`
+    that exists, else the package's own (absent: the reason `why_not()` gives names it)."""
+    named = os.environ.get(LIBRARY_ENV)
+    if named:
+        return Path(named)
+    return next((p for p in library_candidates(sys.path) if p.is_file()), PACKAGE_LIBRARY)
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -92,11 +113,22 @@ def _open(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path), handle=handle)
 
 
+def _not_built_because() -> str:
+    if os.environ.get(LIBRARY_ENV):
+        return f"named by ${LIBRARY_ENV}"
+    return (
+        "nor in an installed yolov5_smddp on sys.path: installed with YOLOV5_SMDDP_NO_NATIVE=1, "
+        "or a source checkout, where `pip install .` builds it"
+    )
+
+
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None (the reason in `why_not()`); loaded on the first call."""
     if "lib" not in _loaded:
         path = library_path()
         try:
+            if not path.exists():
+                raise OSError(f"{path} not found ({_not_built_because()})")
             lib = _declare(_open(path))
             abi = lib.yv5_roi_abi()
             if abi != ABI:
