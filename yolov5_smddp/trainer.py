@@ -1099,7 +1099,9 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
             len(bundle.val_index.images),
             workers,
             run.warmup_iters,
-            "on the device batch" if decided.color_on_device else "in the loader workers",
+            "on the device batch"
+            if decided.color_on_device or config.loader == "gpu"
+            else "in the loader workers",
         )
         if not config.noplots:
             plots.write_labels_plot(dirs.output_dir, bundle.train_index.labels, bundle.names)

@@ -268,3 +268,15 @@ def test_bench_data_gpu_row_on_the_cpu_device(index):
     assert rows["gpu_path_cpu_canvas_mib"] == 2 * 3 * (2 * IMGSZ) ** 2 * 4 / 2**20  # two images' float canvas
     assert rows["gpu_path_cpu_staging_mib"] == 0  # pinned staging only with CUDA
     assert 0 < rows["gpu_path_cpu_peak_batch_jpeg_mib"] < 1 and rows["gpu_path_cpu_fallback_decodes"] == 0
+
+
+def test_staging_limits_split_the_calls_and_change_no_pixel(odd_index):
+    _, gpu = _pair(odd_index, HYPS["affine"], seed=4)
+    items = [gpu[i] for i in range(len(gpu))]
+    whole = GpuBatcher("cpu").assemble(collate_plans(items))[0]
+    small = GpuBatcher("cpu", max_staging_bytes=1)  # every file and every image its own call
+    assert torch.equal(small.assemble(collate_plans(items))[0], whole)
+    assert small.staging.buffer.numel() == max(
+        t.data.nbytes for it in items for t in it[0].first.tiles if t.data is not None
+    )
+    assert list(gpu_batch._split_by_bytes([1, 2, 3, 4], {1: 5, 2: 5, 3: 11, 4: 1}, 10)) == [[1, 2], [3], [4]]

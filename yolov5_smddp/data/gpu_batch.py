@@ -90,7 +90,8 @@ class GpuBatchStats:
 
 
 class _Staging:
-    """One reusable host buffer for a decode call's files (pinned on CUDA), at most `limit` bytes."""
+    """One reusable host buffer (pinned on CUDA) for a call's files or pixels: at most `limit` bytes, or
+    the one item of a call when that alone is larger (callers split their items into calls by `limit`)."""
 
     def __init__(self, device: torch.device, limit: int) -> None:
         self.pinned = device.type == "cuda"
@@ -100,11 +101,13 @@ class _Staging:
 
     def views(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         total = sum(a.nbytes for a in arrays)
-        if self.buffer is None or self.buffer.numel() < total:
-            size = min(max(total, 1 << 20), max(self.limit, total))
-            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         if self.done is not None:
-            self.done.synchronize()  # one wait per batch, for the previous batch's copies
+            self.done.synchronize()  # one wait per call, for the previous call's copies
+            self.done = None
+        if self.buffer is None or self.buffer.numel() < total:  # grows by doubling, up to the limit
+            held = 0 if self.buffer is None else self.buffer.numel()
+            size = max(total, min(self.limit, max(2 * held, 1 << 20)))
+            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=self.pinned)
         out, pos = [], 0
         host = self.buffer.numpy()
         for a in arrays:
@@ -119,17 +122,30 @@ class _Staging:
             self.done.record()
 
 
+def _split_by_bytes(order: list[int], sizes: dict[int, int], limit: int):
+    """`order` cut into consecutive groups of at most `limit` bytes (a larger item alone)."""
+    group, size = [], 0
+    for idx in order:
+        if group and size + sizes[idx] > limit:
+            yield group
+            group, size = [], 0
+        group.append(idx)
+        size += sizes[idx]
+    if group:
+        yield group
+
+
 def resize_like_cpu(rgb: torch.Tensor, reduce: int, hw: tuple[int, int]) -> torch.Tensor:
-    """uint8 [3, H, W] (a full decode) → uint8 [3, h, w]: the DCT scale 1/reduce as a block average, then
-    bilinear (half-pixel centres) to hw, rounded."""
-    x = rgb
+    """uint8 [3, H, W] or [n, 3, H, W] (full decodes) → uint8 [(n,) 3, h, w]: the DCT scale 1/reduce as
+    a block average, then bilinear (half-pixel centres) to hw, rounded."""
+    x = rgb if rgb.dim() == 4 else rgb[None]
     if reduce > 1:
-        x = F.avg_pool2d(x[None].float(), reduce, reduce, ceil_mode=True)[0]
+        x = F.avg_pool2d(x.float(), reduce, reduce, ceil_mode=True)
         x = x.round_().clamp_(0, 255).to(torch.uint8)  # libjpeg's scaled output is 8-bit
-    if tuple(x.shape[1:]) != tuple(hw):
-        x = F.interpolate(x[None].float(), size=hw, mode="bilinear", align_corners=False)[0]
+    if tuple(x.shape[2:]) != tuple(hw):
+        x = F.interpolate(x.float(), size=hw, mode="bilinear", align_corners=False)
         x = x.round_().clamp_(0, 255).to(torch.uint8)
-    return x
+    return x if rgb.dim() == 4 else x[0]
 
 
 def warp_batch(canvas: torch.Tensor, matrices: np.ndarray, out_hw: tuple[int, int]) -> torch.Tensor:
@@ -167,6 +183,8 @@ class GpuBatcher:
     ) -> None:
         self.device = torch.device(device)
         self.staging = _Staging(self.device, max_staging_bytes)
+        self.pinned = self.device.type == "cuda"
+        self.pixel_staging = _Staging(self.device, max_staging_bytes)  # worker-decoded tiles (cached, PNG...)
         self.chunk = max(int(chunk), 1)
         self.counter = counter  # the dataset's shared undecodable_samples, or None
         self.stats = GpuBatchStats()
@@ -182,15 +200,15 @@ class GpuBatcher:
             if t.index in self.bad:
                 continue
             (jpegs if t.data is not None else pixels)[t.index] = t
-        resized: dict[int, torch.Tensor] = {}
-        for idx, t in pixels.items():
-            resized[idx] = self._upload(t.pixels)
-            self.stats.worker_pixels += 1
+        resized = self._upload_all(pixels)
+        self.stats.worker_pixels += len(pixels)
         order = list(jpegs)
         self.stats.peak_batch_bytes = max(
             self.stats.peak_batch_bytes, sum(jpegs[i].data.nbytes for i in order)
         )
-        for group in self._groups(order, jpegs):
+        same_size: dict[tuple, list[tuple[int, torch.Tensor]]] = {}  # resized together
+        sizes = {i: jpegs[i].data.nbytes for i in order}
+        for group in _split_by_bytes(order, sizes, self.staging.limit):
             decoded = self._decode_group([jpegs[i] for i in group])
             for idx, rgb in zip(group, decoded):
                 t = jpegs[idx]
@@ -200,7 +218,11 @@ class GpuBatcher:
                         resized[idx] = bgr
                     continue
                 self.stats.device_decoded += 1
-                resized[idx] = resize_like_cpu(rgb, t.reduce, t.resized_hw).flip(0)
+                same_size.setdefault((tuple(rgb.shape), t.reduce, t.resized_hw), []).append((idx, rgb))
+        for (_, reduce, hw), members in same_size.items():
+            stacked = torch.stack([rgb for _, rgb in members])
+            for (idx, _), img in zip(members, resize_like_cpu(stacked, reduce, hw).flip(1)):
+                resized[idx] = img
         out = {}
         for t in tiles:
             img = resized.get(t.index)
@@ -213,22 +235,10 @@ class GpuBatcher:
                 )
         return out
 
-    def _groups(self, order: list[int], jpegs: dict[int, TileSource]):
-        group, size = [], 0
-        for idx in order:
-            n = jpegs[idx].data.nbytes
-            if group and size + n > self.staging.limit:
-                yield group
-                group, size = [], 0
-            group.append(idx)
-            size += n
-        if group:
-            yield group
-
     def _decode_group(self, tiles: list[TileSource]) -> list[torch.Tensor | None]:
         """One batched decode; on refusal each file alone; None for a file the device does not take."""
         views = self.staging.views([t.data for t in tiles])
-        self.stats.staging_bytes = self.staging.buffer.numel() if self.staging.pinned else 0
+        self.stats.staging_bytes = self._pinned_bytes()
         try:
             out = list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
         except RuntimeError:
@@ -240,6 +250,12 @@ class GpuBatcher:
                     out.append(None)
         self.staging.mark_used()
         return out
+
+    def _pinned_bytes(self) -> int:
+        held = [
+            b.buffer.numel() for b in (self.staging, self.pixel_staging) if b.pinned and b.buffer is not None
+        ]
+        return sum(held)
 
     def _cpu_fallback(self, t: TileSource) -> torch.Tensor | None:
         """The CPU path's decode of a file the device refused (its pixels exactly); None when corrupt."""
@@ -267,10 +283,31 @@ class GpuBatcher:
         log.warning("skipped: %s: %s; its mosaic tile is left grey and its boxes dropped", t.path, reason)
 
     def _upload(self, bgr_hwc: np.ndarray) -> torch.Tensor:
+        """One CPU-decoded image (a fallback) → uint8 [3, h, w] on the device."""
         host = torch.from_numpy(np.ascontiguousarray(bgr_hwc))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True).permute(2, 0, 1)
+        return host.to(self.device).permute(2, 0, 1)
+
+    def _upload_all(self, pixels: dict[int, TileSource]) -> dict[int, torch.Tensor]:
+        """The worker-decoded tiles → uint8 [3, h, w] each on the device, through the (pinned on CUDA)
+        pixel staging buffer: one copy per `max_staging_bytes` of pixels."""
+        if not pixels:
+            return {}
+        out: dict[int, torch.Tensor] = {}
+        items = list(pixels.items())
+        sizes = {i: t.pixels.nbytes for i, t in items}
+        for group in _split_by_bytes([i for i, _ in items], sizes, self.pixel_staging.limit):
+            arrays = [np.ascontiguousarray(pixels[i].pixels) for i in group]
+            self.pixel_staging.views(arrays)
+            used = sum(a.nbytes for a in arrays)
+            staged = self.pixel_staging.buffer[:used]
+            device_bytes = staged.to(self.device, non_blocking=True) if self.pinned else staged.clone()
+            self.pixel_staging.mark_used()
+            pos = 0
+            for i, a in zip(group, arrays):
+                out[i] = device_bytes[pos : pos + a.nbytes].view(a.shape).permute(2, 0, 1)
+                pos += a.nbytes
+        self.stats.staging_bytes = self._pinned_bytes()
+        return out
 
     # -- stages 3 and 4: canvases and warps
     def _images(self, plans: list[ImagePlan], decoded) -> torch.Tensor:
