@@ -80,7 +80,7 @@ class TileSource:
     """One source image of an output image and where it goes.
 
     Exactly one of `data` (the file's bytes, decoded on the device) and `pixels` (BGR uint8 [h, w, 3],
-    already decoded and resized on the CPU) is set."""
+    already decoded and resized on the CPU) is set, or, between the worker and the batch, `span`."""
 
     index: int
     """Dataset index of the image (remembered when its decode fails)."""
@@ -99,6 +99,9 @@ class TileSource:
     """(x, y) of the first tile pixel pasted (in the scaled image)."""
     dst: tuple[int, int, int, int]
     """(x0, y0, x1, y1): the canvas rectangle it fills (may be empty)."""
+    span: tuple[str, int, int] | None = None
+    """In a collated batch (`gpu_batch.collate_plans`): ("jpeg" or "pixels", offset, bytes) of `data` or
+    `pixels` in the batch's one shared buffer, which then replaces them (None here)."""
 
 
 @dataclass(frozen=True)

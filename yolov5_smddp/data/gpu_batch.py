@@ -32,6 +32,7 @@ applied, so the colour slot of the batch is None), on the device.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -345,7 +346,8 @@ class GpuBatcher:
         """A collated plan batch (`collate_plans`) → (imgs uint8 [B, 3, H, W] RGB on the device, targets,
         paths, shapes, None). `timed`: synchronise after each stage and add its seconds to
         stats.stage_seconds (the bench; never in training)."""
-        samples, targets, owners, paths, shapes, colors = batch
+        samples, targets, owners, paths, shapes, colors, blob = batch
+        samples = attach_plans(samples, blob)
         clock = _StageClock(self.device, self.stats.stage_seconds if timed else None)
         tiles = [t for s in samples for p in (s.first, s.second) if p is not None for t in p.tiles]
         decoded = self._decode_all(tiles)
@@ -404,19 +406,57 @@ class _StageClock:
 
 def collate_plans(items: list[tuple]):
     """BytesDataset items → (plans, targets float32 [n, 6] (image index, cls, xywhn), owners int64 [n]
-    (the tile of each box), paths, shapes, colour float64 [B, 6])."""
+    (the tile of each box), paths, shapes, colour float64 [B, 6], blob uint8 [m]).
+
+    Runs in the loader worker: every distinct file's bytes and every worker-decoded image of the batch
+    are copied into ONE tensor (`blob`, which the DataLoader hands over in shared memory, one buffer a
+    batch instead of a pickled array per tile); the tiles then carry their `span` in it."""
     samples, labels, paths, shapes, colors, owners = zip(*items)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
     targets = torch.from_numpy(np.concatenate(labels)) if labels else torch.zeros((0, 6))
-    return (
-        list(samples),
-        targets,
-        np.concatenate(owners),
-        paths,
-        shapes,
-        torch.from_numpy(np.stack(colors)),
-    )
+    spans: dict[tuple[str, int], tuple[str, int, int]] = {}
+    parts: list[np.ndarray] = []
+    pos = 0
+
+    def detach(t: TileSource) -> TileSource:
+        nonlocal pos
+        kind, array = ("jpeg", t.data) if t.data is not None else ("pixels", t.pixels)
+        key = (kind, t.index)
+        if key not in spans:
+            flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            spans[key] = (kind, pos, flat.nbytes)
+            parts.append(flat)
+            pos += flat.nbytes
+        return dataclasses.replace(t, data=None, pixels=None, span=spans[key])
+
+    def detach_plan(p: ImagePlan | None) -> ImagePlan | None:
+        return None if p is None else dataclasses.replace(p, tiles=tuple(detach(t) for t in p.tiles))
+
+    plans = [
+        dataclasses.replace(s, first=detach_plan(s.first), second=detach_plan(s.second)) for s in samples
+    ]
+    blob = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.uint8)
+    return plans, targets, np.concatenate(owners), paths, shapes, torch.from_numpy(np.stack(colors)), blob
+
+
+def attach_plans(samples: list[SamplePlan], blob: torch.Tensor) -> list[SamplePlan]:
+    """The inverse of the worker's detach: each tile's `data` or `pixels` a view into `blob` (no copy)."""
+    host = blob.numpy()
+
+    def attach(t: TileSource) -> TileSource:
+        if t.span is None:
+            return t
+        kind, start, n = t.span
+        view = host[start : start + n]
+        if kind == "jpeg":
+            return dataclasses.replace(t, data=view, span=None)
+        return dataclasses.replace(t, pixels=view.reshape(*t.resized_hw, 3), span=None)
+
+    def attach_plan(p: ImagePlan | None) -> ImagePlan | None:
+        return None if p is None else dataclasses.replace(p, tiles=tuple(attach(t) for t in p.tiles))
+
+    return [dataclasses.replace(s, first=attach_plan(s.first), second=attach_plan(s.second)) for s in samples]
 
 
 class GpuLoader:
