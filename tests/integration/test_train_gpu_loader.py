@@ -2,6 +2,7 @@
 synthetic set, the GPU data path's batches reaching the step; finite metrics, the run's files written,
 nothing written under the dataset."""
 
+import re
 import subprocess
 import sys
 
@@ -41,4 +42,12 @@ def test_train_with_the_gpu_loader_on_cpu(tmp_path):
     final = [line for line in proc.stdout.splitlines() if line.startswith("final=1 ")]
     assert final and all(np.isfinite(float(kv.split("=")[1])) for kv in final[0].split()[1:])
     assert (out / "model" / "best.pt").is_file() and (out / "output" / "train_batch0.jpg").is_file()
+    out_text = proc.stdout + proc.stderr
+    assert "HSV and flips on the device batch" in out_text
+    summary = [line for line in out_text.splitlines() if "GPU data path: 16 samples in 2 batches;" in line]
+    assert len(summary) == 1
+    decoded = int(re.search(r"; (\d+) files decoded on the device", summary[0]).group(1))
+    assert 8 <= decoded <= 32  # each batch decodes its distinct files once (16 images, 2 batches)
+    assert " 0 images decoded in the workers" in summary[0]
+    assert " 0 refused by the device" in summary[0] and " 0 corrupt" in summary[0]
     assert tree_state(data.parent) == before

@@ -149,13 +149,29 @@ def resize_like_cpu(rgb: torch.Tensor, reduce: int, hw: tuple[int, int]) -> torc
     return x if rgb.dim() == 4 else x[0]
 
 
-def warp_batch(canvas: torch.Tensor, matrices: np.ndarray, out_hw: tuple[int, int]) -> torch.Tensor:
-    """uint8 [n, 3, Hc, Wc] canvases + float64 [n, 3, 3] (canvas pixels → output pixels) → uint8
-    [n, 3, H, W]: out(x, y) = canvas(M^-1 (x, y)), bilinear, 114 outside (cv2's warp with BORDER_CONSTANT)."""
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on `device` without a host sync: through pinned memory, non-blocking, on CUDA
+    (a copy from pageable memory waits for the stream)."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def warp_batch(
+    canvas: torch.Tensor,
+    matrices: np.ndarray | torch.Tensor,
+    out_hw: tuple[int, int],
+    *,
+    inverse: bool = False,
+) -> torch.Tensor:
+    """uint8 [n, 3, Hc, Wc] canvases + float64 [n, 3, 3] (canvas pixels → output pixels; with `inverse`
+    already inverted and on the device) → uint8 [n, 3, H, W]: out(x, y) = canvas(M^-1 (x, y)), bilinear,
+    114 outside (cv2's warp with BORDER_CONSTANT)."""
     n, _, hc, wc = canvas.shape
     h, w = out_hw
     dev = canvas.device
-    inv = torch.from_numpy(np.linalg.inv(matrices)).to(dev)  # [n, 3, 3] float64
+    inv = matrices if inverse else to_device(np.linalg.inv(matrices), dev)  # [n, 3, 3] float64
     ys, xs = torch.meshgrid(
         torch.arange(h, dtype=torch.float64, device=dev),
         torch.arange(w, dtype=torch.float64, device=dev),
@@ -285,8 +301,7 @@ class GpuBatcher:
 
     def _upload(self, bgr_hwc: np.ndarray) -> torch.Tensor:
         """One CPU-decoded image (a fallback) → uint8 [3, h, w] on the device."""
-        host = torch.from_numpy(np.ascontiguousarray(bgr_hwc))
-        return host.to(self.device).permute(2, 0, 1)
+        return to_device(bgr_hwc, self.device).permute(2, 0, 1)
 
     def _upload_all(self, pixels: dict[int, TileSource]) -> dict[int, torch.Tensor]:
         """The worker-decoded tiles → uint8 [3, h, w] each on the device, through the (pinned on CUDA)
@@ -317,6 +332,11 @@ class GpuBatcher:
         groups: dict[tuple, list[int]] = {}
         for b, p in enumerate(plans):
             groups.setdefault((p.canvas_hw, p.matrix is None), []).append(b)
+        warped = [b for b, p in enumerate(plans) if p.matrix is not None]
+        inverses = None
+        if warped:  # every inverse of the batch in one upload (no host sync)
+            inverses = to_device(np.linalg.inv(np.stack([plans[b].matrix for b in warped])), self.device)
+        row_of = {b: k for k, b in enumerate(warped)}
         for (canvas_hw, plain), members in groups.items():
             for start in range(0, len(members), self.chunk):
                 part = members[start : start + self.chunk]
@@ -326,12 +346,15 @@ class GpuBatcher:
                 for c, b in enumerate(part):
                     for t in plans[b].tiles:
                         self._paste(canvas[c], t, decoded.get((t.index, t.scaled_hw)))
-                if plain:
-                    out[part] = canvas
-                else:
+                if not plain:
                     self.stats.canvas_bytes = max(self.stats.canvas_bytes, canvas.numel() * 4)
-                    matrices = np.stack([plans[b].matrix for b in part])
-                    out[part] = warp_batch(canvas, matrices, (out_h, out_w))
+                    rows = [row_of[b] for b in part]
+                    inv = inverses[rows[0] : rows[-1] + 1]  # members of a group are in batch order
+                    if len(inv) != len(part):
+                        inv = torch.stack([inverses[r] for r in rows])
+                    canvas = warp_batch(canvas, inv, (out_h, out_w), inverse=True)
+                for c, b in enumerate(part):  # plain indexing: a list index would upload (and sync)
+                    out[b] = canvas[c]
         return out
 
     @staticmethod
@@ -356,9 +379,9 @@ class GpuBatcher:
         mixed = [b for b, s in enumerate(samples) if s.second is not None]
         if mixed:
             second = self._images([samples[b].second for b in mixed], decoded)
-            r = torch.tensor([samples[b].mix_r for b in mixed], dtype=torch.float32, device=self.device)
-            r = r.view(-1, 1, 1, 1)
-            imgs[mixed] = (imgs[mixed].float() * r + second.float() * (1 - r)).to(torch.uint8)
+            r = to_device(np.array([samples[b].mix_r for b in mixed], np.float32), self.device)
+            for k, b in enumerate(mixed):
+                imgs[b] = (imgs[b].float() * r[k] + second[k].float() * (1 - r[k])).to(torch.uint8)
         clock.lap("mosaic_warp")
         if self.device.type == "cuda":
             colors = colors.pin_memory()
@@ -402,6 +425,17 @@ class _StageClock:
         now = time.perf_counter()
         self.into[name] = self.into.get(name, 0.0) + now - self.last
         self.last = now
+
+
+def describe(stats: GpuBatchStats) -> str:
+    """One line on what the GPU data path did and the buffers it holds."""
+    return (
+        f"GPU data path: {stats.images} samples in {stats.batches} batches; {stats.device_decoded} files "
+        f"decoded on the device, {stats.worker_pixels} images decoded in the workers (not device JPEGs, or "
+        f"cached), {stats.fallback_decodes} refused by the device and decoded on the CPU, {stats.corrupt} "
+        f"corrupt; pinned staging {stats.staging_bytes / 2**20:.1f} MiB, warp canvas "
+        f"{stats.canvas_bytes / 2**20:.1f} MiB, largest batch of JPEG bytes {stats.peak_batch_bytes / 2**20:.1f} MiB"
+    )
 
 
 def collate_plans(items: list[tuple]):
@@ -470,6 +504,7 @@ class GpuLoader:
         self._device = device
         self._batcher_kwargs = batcher_kwargs
         self.batcher: GpuBatcher | None = None
+        self._reported = False
 
     def _ensure_batcher(self) -> GpuBatcher:
         if self.batcher is None:
@@ -486,6 +521,9 @@ class GpuLoader:
         batcher = self._ensure_batcher()
         for batch in self._loader:
             yield batcher.assemble(batch)
+        if not self._reported:  # after the first pass, once
+            self._reported = True
+            log.info("rank %d: %s", getattr(self._loader, "rank", 0), describe(batcher.stats))
 
     def __len__(self) -> int:
         return len(self._loader)
