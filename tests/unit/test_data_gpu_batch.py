@@ -166,12 +166,14 @@ def _odd_files(folder: Path) -> dict[str, bytes]:
         "grey.jpg": grey,
         "cmyk.jpg": cmyk.read_bytes(),
         "exif.jpg": _exif_rotated(pil_jpeg(photo(120, IMGSZ, 4), quality=90)),
+        "progressive.jpg": pil_jpeg(photo(IMGSZ, 100, 5), quality=90, progressive=True),
     }
 
 
 def test_which_files_the_device_decodes(tmp_path):
     assert device_decodable(pil_jpeg(photo(64, 48, 1), quality=90))
-    assert device_decodable(pil_jpeg(photo(64, 48, 1), quality=90, progressive=True))
+    assert device_decodable(cv2.imencode(".jpg", photo(64, 48, 1))[1].tobytes())
+    assert not device_decodable(pil_jpeg(photo(64, 48, 1), quality=90, progressive=True))  # the workers'
     for name, data in _odd_files(tmp_path).items():
         assert not device_decodable(data), name
     assert not device_decodable(b"\xff\xd8\xff")
@@ -198,8 +200,10 @@ def test_png_grey_cmyk_and_exif_files_are_decoded_on_the_cpu_with_the_cpu_paths_
     batcher = GpuBatcher("cpu")
     got = batcher.assemble(collate_plans(items_g))[0]
     assert torch.equal(got, _cpu_batch(items_c))
-    pixel_tiles = {Path(t.path).name for it in items_g for t in it[0].first.tiles if t.pixels is not None}
-    assert pixel_tiles == {"png.png", "grey.jpg", "cmyk.jpg", "exif.jpg"} & pixel_tiles and pixel_tiles
+    odd = {"png.png", "grey.jpg", "cmyk.jpg", "exif.jpg", "progressive.jpg"}
+    tiles = [t for it in items_g for t in it[0].first.tiles]
+    assert all((t.pixels is not None) == (Path(t.path).name in odd) for t in tiles)  # CPU-decoded: those
+    assert odd <= {Path(t.path).name for t in tiles}  # and every kind was met
     assert batcher.stats.worker_pixels >= 1 and batcher.stats.fallback_decodes == 0
     assert tree_state(odd_index.root) == before  # nothing written under the dataset
 

@@ -8,9 +8,10 @@ CPU path does, in the same order (the same `mosaic_plan`, `draw_mosaic_geometry`
 the boxes are the CPU path's, bit for bit (tests/unit/test_data_gpu_batch.py). The device then decodes
 the JPEGs of a batch in one call and builds the images (`data.gpu_batch`).
 
-Which files the device decodes (`device_decodable`): baseline, extended or progressive Huffman JPEGs with
-three components and no EXIF rotation. Everything else the CPU path accepts — PNG, BMP, TIFF, WebP,
-grey or CMYK JPEGs, EXIF-rotated JPEGs — is decoded here, in the worker, by the CPU path's own
+Which files the device decodes (`device_decodable`): sequential (baseline or extended) Huffman JPEGs with
+three components and no EXIF rotation, which nvJPEG's batched (hardware on A100/H100) decoder takes.
+Everything else the CPU path accepts — progressive, grey, CMYK or EXIF-rotated JPEGs, PNG, BMP, TIFF,
+WebP — is decoded here, in the worker, by the CPU path's own
 `load_image` (the same pixels, the same "skipped:" handling of a file that cannot be decoded), and rides
 along as pixels; so are images of the RAM or disk cache.
 """
@@ -39,14 +40,16 @@ from yolov5_smddp.data.decode import ImageProblem, read_bytes
 from yolov5_smddp.data.imageinfo import _exif_orientation
 from yolov5_smddp.errors import DataError
 
-_DEVICE_SOF = {0xC0, 0xC1, 0xC2}  # baseline, extended and progressive Huffman (what nvJPEG takes)
+_DEVICE_SOF = {0xC0, 0xC1}  # baseline and extended sequential Huffman
+# (progressive JPEGs go to the workers: torchvision hands them to nvJPEG's host-side decoder one file at a
+# time, in the training process, where the workers decode them in parallel)
 _HEADER_LIMIT = 256 * 1024  # bytes searched for the frame header
 _DCT_SCALE = {cv2.IMREAD_REDUCED_COLOR_2: 2, cv2.IMREAD_REDUCED_COLOR_4: 4, cv2.IMREAD_REDUCED_COLOR_8: 8}
 
 
 def device_decodable(data: bytes | memoryview) -> bool:
     """Whether the batched device decode takes this file and gives the CPU path's image: a JPEG with a
-    Huffman frame of three components and no EXIF orientation other than 1 (OpenCV rotates by it; the
+    sequential Huffman frame of three components and no EXIF orientation other than 1 (OpenCV rotates by it; the
     device decode does not). False for anything else (decoded on the CPU instead)."""
     head = bytes(data[:_HEADER_LIMIT])
     if head[:2] != b"\xff\xd8":
