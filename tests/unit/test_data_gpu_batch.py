@@ -271,6 +271,7 @@ def test_bench_data_gpu_row_on_the_cpu_device(index):
         assert rows[f"gpu_path_cpu_{stage}_ms_per_sample"] > 0
     assert rows["gpu_path_cpu_canvas_mib"] == 2 * 3 * (2 * IMGSZ) ** 2 * 4 / 2**20  # two images' float canvas
     assert rows["gpu_path_cpu_staging_mib"] == 0  # pinned staging only with CUDA
+    assert 0 < rows["gpu_path_cpu_decoded_mib"] <= 2 * 4 * 3 * 160 * 120 / 2**20  # batch 2: <= 8 decodes
     assert 0 < rows["gpu_path_cpu_peak_batch_jpeg_mib"] < 1 and rows["gpu_path_cpu_fallback_decodes"] == 0
 
 

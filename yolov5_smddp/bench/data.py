@@ -290,6 +290,7 @@ def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: in
         f"{prefix}_workers": float(workers),
         f"{prefix}_staging_mib": stats.staging_bytes / 2**20,
         f"{prefix}_canvas_mib": stats.canvas_bytes / 2**20,
+        f"{prefix}_decoded_mib": stats.peak_decoded_bytes / 2**20,
         f"{prefix}_peak_batch_jpeg_mib": stats.peak_batch_bytes / 2**20,
         f"{prefix}_fallback_decodes": float(stats.fallback_decodes),
     }

@@ -54,6 +54,7 @@ DEFAULT_STAGING_BYTES = 64 << 20
 """Pinned host bytes for one decode call's files (a 640 px COCO JPEG is ~160 KB: ~400 files)."""
 DEFAULT_CHUNK = 8
 """Output images warped at once: bounds the float canvas (3 x 2s x 2s x 4 bytes each, 19.7 MB at 640)."""
+_RESIZE_CHUNK = 32  # decoded images resized at once (float temporaries: 4 bytes a decoded pixel each)
 _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 PIXEL_BOUNDS = {
@@ -85,8 +86,10 @@ class GpuBatchStats:
     """pinned host staging buffer held (0 off CUDA)."""
     peak_batch_bytes: int = 0
     """the most encoded bytes one batch brought."""
+    peak_decoded_bytes: int = 0
+    """the most device bytes of full-size decodes alive at once (one decode call's outputs)."""
     canvas_bytes: int = 0
-    """float canvas of one warp chunk (the largest buffer of the path)."""
+    """float canvas of one warp chunk."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -223,10 +226,12 @@ class GpuBatcher:
         self.stats.peak_batch_bytes = max(
             self.stats.peak_batch_bytes, sum(jpegs[i].data.nbytes for i in order)
         )
-        same_size: dict[tuple, list[tuple[int, torch.Tensor]]] = {}  # resized together
         sizes = {i: jpegs[i].data.nbytes for i in order}
         for group in _split_by_bytes(order, sizes, self.staging.limit):
             decoded = self._decode_group([jpegs[i] for i in group])
+            held = sum(rgb.numel() for rgb in decoded if rgb is not None)
+            self.stats.peak_decoded_bytes = max(self.stats.peak_decoded_bytes, held)
+            same_size: dict[tuple, list[tuple[int, torch.Tensor]]] = {}  # resized together
             for idx, rgb in zip(group, decoded):
                 t = jpegs[idx]
                 if rgb is None:
@@ -236,10 +241,13 @@ class GpuBatcher:
                     continue
                 self.stats.device_decoded += 1
                 same_size.setdefault((tuple(rgb.shape), t.reduce, t.resized_hw), []).append((idx, rgb))
-        for (_, reduce, hw), members in same_size.items():
-            stacked = torch.stack([rgb for _, rgb in members])
-            for (idx, _), img in zip(members, resize_like_cpu(stacked, reduce, hw).flip(1)):
-                resized[idx] = img
+            del decoded  # the full-size decodes live for one group (<= max_staging_bytes of JPEG) at most
+            for (_, reduce, hw), members in same_size.items():
+                for start in range(0, len(members), _RESIZE_CHUNK):  # bounds the float temporaries
+                    part = members[start : start + _RESIZE_CHUNK]
+                    stacked = torch.stack([rgb for _, rgb in part])
+                    for (idx, _), img in zip(part, resize_like_cpu(stacked, reduce, hw).flip(1)):
+                        resized[idx] = img
         out = {}
         for t in tiles:
             img = resized.get(t.index)
@@ -434,7 +442,8 @@ def describe(stats: GpuBatchStats) -> str:
         f"decoded on the device, {stats.worker_pixels} images decoded in the workers (not device JPEGs, or "
         f"cached), {stats.fallback_decodes} refused by the device and decoded on the CPU, {stats.corrupt} "
         f"corrupt; pinned staging {stats.staging_bytes / 2**20:.1f} MiB, warp canvas "
-        f"{stats.canvas_bytes / 2**20:.1f} MiB, largest batch of JPEG bytes {stats.peak_batch_bytes / 2**20:.1f} MiB"
+        f"{stats.canvas_bytes / 2**20:.1f} MiB, decode outputs up to {stats.peak_decoded_bytes / 2**20:.1f} MiB, "
+        f"largest batch of JPEG bytes {stats.peak_batch_bytes / 2**20:.1f} MiB"
     )
 
 
