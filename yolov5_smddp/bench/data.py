@@ -245,9 +245,9 @@ def _endless(loader):
 def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: int, device: str) -> dict:
     """The GPU data path (`train --loader gpu`): `workers` loader workers reading bytes (data.bytes_dataset),
     batches assembled on `device` (data.gpu_batch). Rows: samples/s end to end (the device synchronised
-    after every stage, so the per-stage split is real; the rate is a lower bound), device ms per sample
-    of each stage, the CPU ms per sample of the worker side (one process, what each worker spends), the
-    workers used, and the path's buffer sizes."""
+    once a batch), device ms per sample of each stage (a separate pass synchronised after every stage),
+    the CPU ms per sample of the worker side (one process, what each worker spends), the workers used,
+    and the path's buffer sizes."""
     import torch
 
     from yolov5_smddp.data.bytes_dataset import BytesDataset
@@ -278,10 +278,19 @@ def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: in
     batches = _endless(inner)
     batcher.assemble(next(batches), timed=True)  # worker start-up and first allocations
     batcher.stats.stage_seconds.clear()
-    seen, start = 0, time.perf_counter()
+
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    seen, start = 0, time.perf_counter()  # the rate: as training runs it, one wait a batch
     while seen < max(iters, batch_size):
-        seen += len(batcher.assemble(next(batches), timed=True)[0])
+        seen += len(batcher.assemble(next(batches))[0])
+        synchronize()
     elapsed = time.perf_counter() - start
+    timed = 0  # the split: a wait after every stage, over a quarter as many samples
+    while timed < max(iters // 4, batch_size):
+        timed += len(batcher.assemble(next(batches), timed=True)[0])
     stats = batcher.stats
     prefix = f"gpu_path_{device}"
     rows = {
@@ -295,7 +304,7 @@ def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: in
         f"{prefix}_fallback_decodes": float(stats.fallback_decodes),
     }
     for stage, seconds in stats.stage_seconds.items():
-        rows[f"{prefix}_{stage}_ms_per_sample"] = 1e3 * seconds / seen
+        rows[f"{prefix}_{stage}_ms_per_sample"] = 1e3 * seconds / timed
     return rows
 
 
