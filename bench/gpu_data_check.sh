@@ -10,7 +10,8 @@
 #    against OpenCV's (mean/max absolute pixel difference: the device's "decode" stage bound).
 # 2. train_{cpu,gpu}.log + train_summary.json: real `train` of yolov5s, batch 64, 640 px, 4 workers, for
 #    each loader: samples/s and the fraction of each step the GPU was busy (1 - the trainer's data_wait,
-#    the time blocked on the loader; target >= 0.95), and nvidia-smi's utilisation sampled every 200 ms.
+#    the time blocked on the loader; target >= 0.95), and nvidia-smi's utilisation sampled every 200 ms
+#    (informational: the middle 60% of the whole run, start-up, final validation and export included).
 # Budget (planned, not yet run on a GPU): data ~30 s, loader ~90 s, each train run <= 170 s (1,280 images,
 # one epoch: 20 steps, the CPU loader at ~60 mosaics/s with 4 workers is the slow one).
 # SMOKE=1: the same script on the CPU at 64 px, tiny data (to check the script itself).
