@@ -321,3 +321,13 @@ def test_resized_tiles_and_rect_batches(varied_index, kwargs):
         assert got.shape == ref.shape
         mean, peak = _stats(got.numpy(), ref.numpy())
         assert mean <= 0.7 and peak <= 40, (mean, peak)  # measured: mean <= 0.52, max <= 28
+
+
+def test_a_torchvision_without_list_decoding_decodes_file_by_file(index, monkeypatch):
+    _, gpu = _pair(index, HYPS["default"])
+    items = [gpu[i] for i in range(4)]
+    batched = GpuBatcher("cpu").assemble(collate_plans(items))[0]
+    monkeypatch.setattr(gpu_batch, "BATCHED_DECODE", False)  # torchvision < 0.19
+    one_by_one = GpuBatcher("cpu")
+    assert torch.equal(one_by_one.assemble(collate_plans(items))[0], batched)
+    assert one_by_one.stats.fallback_decodes == 0 and one_by_one.stats.device_decoded > 0

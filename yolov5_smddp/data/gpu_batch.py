@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
+import torchvision
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from yolov5_smddp.data.augment import PAD_VALUE
@@ -54,6 +56,8 @@ DEFAULT_STAGING_BYTES = 64 << 20
 """Pinned host bytes for one decode call's files (a 640 px COCO JPEG is ~160 KB: ~400 files)."""
 DEFAULT_CHUNK = 8
 """Output images warped at once: bounds the float canvas (3 x 2s x 2s x 4 bytes each, 19.7 MB at 640)."""
+BATCHED_DECODE = tuple(int(v) for v in re.findall(r"\d+", torchvision.__version__)[:2]) >= (0, 19)
+"""torchvision 0.19 and newer decode a list of JPEGs in one call (older: one call per file)."""
 _RESIZE_CHUNK = 32  # decoded images resized at once (float temporaries: 4 bytes a decoded pixel each)
 _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
@@ -265,6 +269,8 @@ class GpuBatcher:
         views = self.staging.views([t.data for t in tiles])
         self.stats.staging_bytes = self._pinned_bytes()
         try:
+            if not BATCHED_DECODE:
+                raise RuntimeError("this torchvision decodes one file per call")
             out = list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
         except RuntimeError:
             out = []
