@@ -331,3 +331,28 @@ def test_a_torchvision_without_list_decoding_decodes_file_by_file(index, monkeyp
     one_by_one = GpuBatcher("cpu")
     assert torch.equal(one_by_one.assemble(collate_plans(items))[0], batched)
     assert one_by_one.stats.fallback_decodes == 0 and one_by_one.stats.device_decoded > 0
+
+
+def test_a_file_gone_since_the_scan_is_handled_in_the_worker_as_the_cpu_path_does(tmp_path, caplog):
+    root = tmp_path / "g"
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for k in range(4):
+        (root / "images" / f"{k}.jpg").write_bytes(pil_jpeg(photo(IMGSZ, IMGSZ, k), quality=90))
+        (root / "labels" / f"{k}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    idx = build_label_index([root / "images"], nc=1, root=root, cache_dir=tmp_path / "cache")
+    gone = root / "images" / "1.jpg"
+    gone.unlink()
+    lines = {}
+    for name, cls in (("cpu", YoloDataset), ("gpu", BytesDataset)):
+        caplog.clear()
+        ds = cls(idx, IMGSZ, augment=True, hyp={"mosaic": 0.0}, seed=1, region_decode=False)
+        with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.dataset"):
+            item = ds[1]
+        assert item[2] != str(gone) and ds.undecodable_samples.value == 1  # its substitute
+        lines[name] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped:")]
+    assert (
+        lines["gpu"] == lines["cpu"]
+        and len(lines["cpu"]) == 1
+        and lines["cpu"][0].startswith(f"skipped: {gone}: ")
+    )
