@@ -32,6 +32,7 @@ CacheMode = Literal["ram", "disk"]  # decoded images in RAM (each rank its shard
 MosaicPartners = Literal["random", "recent"]  # the release's sampling; the opt-in recent-image pool
 ColorAug = Literal["auto", "workers", "device"]  # where HSV jitter and flips run (data/color.py)
 OnOff = Literal["on", "off"]
+LoaderKind = Literal["cpu", "gpu"]  # where a training batch is decoded and augmented (issue 40)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 AMP_MODES: tuple[str, ...] = get_args(AmpMode)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -433,6 +434,15 @@ class TrainConfig:
     )
     """where HSV jitter and flips run: 'workers', 'device' (data/color.py: OpenCV's 8-bit arithmetic on the
     batch, same pixels) or 'auto' (device on CUDA, workers on CPU)."""
+    loader: LoaderKind = option(
+        "cpu",
+        help="where training batches are decoded and augmented: 'cpu' (default: the loader workers) or "
+        "'gpu' (workers only read the files; the device decodes a batch's JPEGs in one call and does "
+        "mosaic, affine, HSV and flips: the same boxes, pixels within interpolation rounding; "
+        "data/gpu_batch.py)",
+    )
+    """where training batches are decoded and augmented: 'cpu' (the workers) or 'gpu' (data.bytes_dataset
+    in the workers, data.gpu_batch on the device; the same boxes, pixels within data.gpu_batch.PIXEL_BOUNDS)."""
     jpeg_restart_cache: OnOff = option(
         "on",
         help="'on': lossless copies of the training JPEGs with restart markers under --cache-dir, so a "

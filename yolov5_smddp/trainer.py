@@ -322,7 +322,13 @@ def build_loaders(
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
     train_pixels, val_pixels = disk_caches(config, bundle, cache_dir, main=info.rank == 0)
-    train_set = YoloDataset(
+    dataset_class = YoloDataset
+    if config.loader == "gpu":  # issue 40: the workers read bytes, the device decodes and augments
+        from yolov5_smddp.data.bytes_dataset import BytesDataset
+
+        dataset_class = BytesDataset
+
+    train_set = dataset_class(
         bundle.train_index,
         config.imgsz,
         augment=True,
@@ -347,6 +353,10 @@ def build_loaders(
         seed=config.seed,
         drop_last=False,  # the release's: each epoch sees every image (last batch may be partial)
     )
+    if config.loader == "gpu":  # batches assembled on the device (data.gpu_batch)
+        from yolov5_smddp.data.gpu_batch import wrap_loader
+
+        train_loader = wrap_loader(train_loader)
     # every rank validates its shard of whole batches
     val_batch = per_rank * 2
     val_loader = build_val_loader(
@@ -1094,7 +1104,9 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
             len(bundle.val_index.images),
             workers,
             run.warmup_iters,
-            "on the device batch" if decided.color_on_device else "in the loader workers",
+            "on the device batch"
+            if decided.color_on_device or config.loader == "gpu"
+            else "in the loader workers",
         )
         if not config.noplots:
             plots.write_labels_plot(dirs.output_dir, bundle.train_index.labels, bundle.names)

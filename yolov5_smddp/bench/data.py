@@ -22,7 +22,9 @@ bench/release_reference/) is importable and the data is synthetic, the release's
 (`--rounds`) so load changes hit them alike; overall and best-round rates are reported. The scan row
 deletes and rebuilds our label cache (a cold build is what it measures). The `coco_*` rows time the index
 of a generated COCO instances JSON of train2017's size (`bench.coco_index`): a cold build (hash, parse,
-cached arrays written) and a warm load, each in a fresh process with its peak RSS.
+cached arrays written) and a warm load, each in a fresh process with its peak RSS. The `gpu_path_<device>_*`
+rows measure `train --loader gpu` (`gpu_path_rows`): the loader workers only read bytes, the device
+decodes and augments (`--gpu-device`, default cuda when present, else the CPU device).
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--coco-boxes", type=int, default=860_001, help="COCO JSON index row: boxes")
     parser.add_argument(
         "--coco-ranks", type=int, default=4, help="COCO JSON index row: processes loading it at once"
+    )
+    parser.add_argument(
+        "--gpu-device",
+        default="auto",
+        help="device of the GPU data path row (`train --loader gpu`): auto (cuda when present, else cpu), "
+        "cuda, cpu, or 'off' to leave the row out",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
 
@@ -225,6 +233,81 @@ def loader_rate(dataset, *, workers: int, batch_size: int, iters: int) -> float:
     return seen / (time.perf_counter() - start)
 
 
+def _endless(loader):
+    """Batches of `loader`, epoch after epoch."""
+    epoch = 0
+    while True:
+        loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: int, device: str) -> dict:
+    """The GPU data path (`train --loader gpu`): `workers` loader workers reading bytes (data.bytes_dataset),
+    batches assembled on `device` (data.gpu_batch). Rows: samples/s end to end (the device synchronised
+    once a batch), device ms per sample of each stage (a separate pass synchronised after every stage),
+    the CPU ms per sample of the worker side (one process, what each worker spends), the workers used,
+    and the path's buffer sizes."""
+    import torch
+
+    from yolov5_smddp.data.bytes_dataset import BytesDataset
+    from yolov5_smddp.data.gpu_batch import GpuLoader
+    from yolov5_smddp.data.loader import build_dataloader
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dataset = BytesDataset(index, imgsz, augment=True, hyp={})
+    probe = max(min(iters, 64), 4)
+    started = time.process_time()
+    for k in range(probe):
+        dataset[k % len(dataset)]
+    worker_cpu_ms = 1e3 * (time.process_time() - started) / probe
+    inner = build_dataloader(
+        dataset,
+        batch_size=batch_size,
+        rank=0,
+        world_size=1,
+        workers=workers,
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+        pin_memory=False,
+    )
+    loader = GpuLoader(inner, device)
+    batcher = loader._ensure_batcher()
+    batches = _endless(inner)
+    batcher.assemble(next(batches), timed=True)  # worker start-up and first allocations
+    batcher.stats.stage_seconds.clear()
+
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    seen, start = 0, time.perf_counter()  # the rate: as training runs it, one wait a batch
+    while seen < max(iters, batch_size):
+        seen += len(batcher.assemble(next(batches))[0])
+        synchronize()
+    elapsed = time.perf_counter() - start
+    timed = 0  # the split: a wait after every stage, over a quarter as many samples
+    while timed < max(iters // 4, batch_size):
+        timed += len(batcher.assemble(next(batches), timed=True)[0])
+    stats = batcher.stats
+    prefix = f"gpu_path_{device}"
+    rows = {
+        f"{prefix}_samples_per_s_{workers}workers": seen / elapsed,
+        f"{prefix}_worker_cpu_ms_per_sample": worker_cpu_ms,
+        f"{prefix}_workers": float(workers),
+        f"{prefix}_staging_mib": stats.staging_bytes / 2**20,
+        f"{prefix}_canvas_mib": stats.canvas_bytes / 2**20,
+        f"{prefix}_decoded_mib": stats.peak_decoded_bytes / 2**20,
+        f"{prefix}_peak_batch_jpeg_mib": stats.peak_batch_bytes / 2**20,
+        f"{prefix}_fallback_decodes": float(stats.fallback_decodes),
+    }
+    for stage, seconds in stats.stage_seconds.items():
+        rows[f"{prefix}_{stage}_ms_per_sample"] = 1e3 * seconds / timed
+    return rows
+
+
 _UNIQUE_IMAGES = 200
 
 
@@ -336,6 +419,17 @@ def run(args: argparse.Namespace) -> int:
         rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
             ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
         )
+        if args.gpu_device != "off":
+            rows.update(
+                gpu_path_rows(
+                    index,
+                    args.imgsz,
+                    workers=args.workers,
+                    batch_size=args.batch_size,
+                    iters=args.iters,
+                    device=args.gpu_device,
+                )
+            )
         if args.coco_images > 0:
             from yolov5_smddp.bench.coco_index import measure_coco_index
 
