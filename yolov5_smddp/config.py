@@ -280,6 +280,7 @@ RESUME_FROM_COMMAND: tuple[str, ...] = (
     "channels_last",
     "compile",
     "color_aug",
+    "loader",
     "jpeg_restart_cache",
     "dist_timeout",
     # what it reports and keeps

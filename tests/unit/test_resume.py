@@ -146,7 +146,7 @@ def test_the_options_a_resume_takes_from_the_command_are_one_list_of_machine_and
         "cos_lr",
     }
     assert not run_defining & set(RESUME_FROM_COMMAND)
-    assert {"workers", "amp", "model_dir", "output_dir", "checkpoint_dir", "cache_dir"} <= set(
+    assert {"workers", "amp", "loader", "model_dir", "output_dir", "checkpoint_dir", "cache_dir"} <= set(
         RESUME_FROM_COMMAND
     )
     assert "--workers" in TrainConfig.__dataclass_fields__["resume"].metadata["cli"]["help"]
