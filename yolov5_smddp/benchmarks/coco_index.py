@@ -109,7 +109,9 @@ def _child(json_path: str, cache_dir: str) -> None:
 
 
 def _measure(json_path: Path, cache_dir: Path) -> dict:
-    code = "import sys; from yolov5_smddp.bench.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    code = (
+        "import sys; from yolov5_smddp.benchmarks.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code, str(json_path), str(cache_dir)],
         check=True,
@@ -123,7 +125,9 @@ def _measure(json_path: Path, cache_dir: Path) -> dict:
 def measure_ranks(json_path: Path, cache_dir: Path, ranks: int) -> list[dict]:
     """`ranks` fresh processes loading the same JSON at once into an empty `cache_dir`, as the ranks of
     one host do: each one's state ('built' = it parsed), seconds and peak RSS."""
-    code = "import sys; from yolov5_smddp.bench.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    code = (
+        "import sys; from yolov5_smddp.benchmarks.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(json_path), str(cache_dir)], stdout=subprocess.PIPE, text=True

@@ -30,7 +30,7 @@ def recommend(rates: dict[int, float], within: float = RECOMMEND_WITHIN) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.bench.data import loader_rate, resolve_data
+    from yolov5_smddp.benchmarks.data import loader_rate, resolve_data
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index
