@@ -8,14 +8,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from yolov5_smddp.commands.options import add_model_input_options, make_folder
+from yolov5_smddp.commands.options import add_model_input_options, add_weights_option, make_folder
 from yolov5_smddp.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", required=True, type=Path, help="checkpoint: ours or the release's .pt")
+    add_weights_option(parser, help="checkpoint: ours or the release's .pt")
     parser.add_argument(
         "--include",
         nargs="+",

@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
+from yolov5_smddp.commands.options import (
+    add_model_input_options,
+    add_threshold_options,
+    add_weights_option,
+    make_folder,
+)
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.predict_output import (
     DEFAULT_FPS,
@@ -35,10 +40,8 @@ PROGRESS_SECONDS = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--weights",
-        required=True,
-        type=Path,
+    add_weights_option(
+        parser,
         help="checkpoint: ours or the release's .pt, or an exported .onnx, .torchscript or OpenVINO folder",
     )
     parser.add_argument(
