@@ -25,6 +25,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from yolov5_smddp import torch_patches, worker_config
+from yolov5_smddp.commands.train import run_config
 from yolov5_smddp.config import TrainConfig
 from yolov5_smddp.distributed import DistInfo
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
@@ -210,7 +211,6 @@ def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
 
 
 def _run_worker(argv: list[str]) -> int:
-    from yolov5_smddp.commands.train import run_config
 
     return run_config(read_worker_args(argv))
 

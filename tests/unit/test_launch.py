@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from yolov5_smddp import launch
-from yolov5_smddp.commands import train
 from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.distributed import detect_dist_info
 from yolov5_smddp.errors import ConfigError
@@ -177,7 +176,7 @@ def test_worker_command_hands_the_parsed_config_as_one_word_not_a_shell_string()
 def test_the_worker_trains_the_config_it_was_handed(monkeypatch):
     config = parse_train_args(["--epochs", "2", "--cfg", "yolov5n", "--data", "/d/data.yaml"])
     seen = []
-    monkeypatch.setattr(train, "run_config", lambda c: seen.append(c) or 0)
+    monkeypatch.setattr(launch, "run_config", lambda c: seen.append(c) or 0)
     assert launch._worker_main(worker_command(config)[1][2:]) == 0
     assert seen == [config] and seen[0].given == {"epochs", "cfg", "data"}
 

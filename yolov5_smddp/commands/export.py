@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from yolov5_smddp.commands.options import add_model_input_options, add_weights_option, make_folder
+from yolov5_smddp.commands.predict import _device
 from yolov5_smddp.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.commands.predict import _device
     from yolov5_smddp.export import ExportOptions, export_model, image_size
     from yolov5_smddp.models.weights import load_model
 

@@ -30,6 +30,7 @@ from yolov5_smddp.predict_output import (
     SaveOptions,
     out_conflict,
 )
+from yolov5_smddp.predict_sources import frames, resolve_source
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     from yolov5_smddp.data.letterbox import letterbox
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.postprocess import non_max_suppression
-    from yolov5_smddp.predict_sources import frames, resolve_source
 
     shape = _check_options(args)
     resolved = resolve_source(args.source)
