@@ -32,7 +32,7 @@ def _write(path: str | Path, payload: dict) -> None:
 
 
 def _step_for(model, device, amp, batch: int, imgsz: int, world: int, ddp: bool):
-    from yolov5_smddp.bench.train import bench_training_stack
+    from yolov5_smddp.benchmarks.train import bench_training_stack
     from yolov5_smddp.config import load_hyp
     from yolov5_smddp.engine import TrainStep
     from yolov5_smddp.trainer import wrap_ddp
@@ -56,7 +56,7 @@ def _step_for(model, device, amp, batch: int, imgsz: int, world: int, ddp: bool)
 def _batch(batch: int, imgsz: int, seed: int):
     import torch
 
-    from yolov5_smddp.bench.inputs import synthetic_targets
+    from yolov5_smddp.benchmarks.inputs import synthetic_targets
 
     generator = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch, 3, imgsz, imgsz), dtype=torch.uint8, generator=generator)

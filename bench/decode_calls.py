@@ -26,7 +26,7 @@ def main() -> int:
     import cv2
     import numpy as np
 
-    from yolov5_smddp.bench.data import resolve_data
+    from yolov5_smddp.benchmarks.data import resolve_data
 
     cv2.setNumThreads(1)
 

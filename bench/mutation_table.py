@@ -187,7 +187,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "phase-clock-optimizer-from-start",
         "the optimizer phase is timed from the step's start (it swallows forward/backward)",
-        "yolov5_smddp/bench/timing.py",
+        "yolov5_smddp/benchmarks/timing.py",
         "optimizer_s=sum(seconds(b, o) for _, b, o in self.marks),",
         "optimizer_s=sum(seconds(s, o) for s, _, o in self.marks),",
         ("tests/unit/test_bench_train.py", "-k", "phase_clock"),

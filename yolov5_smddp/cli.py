@@ -18,6 +18,7 @@ import sys
 import traceback
 
 from yolov5_smddp import hostmem
+from yolov5_smddp.sagemaker import failure
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("yolov5_smddp.commands.train", "train a detector (one process, or one worker per device)"),
@@ -61,8 +62,6 @@ def report(exc: Exception) -> int:
     """The end of a failed command: a known problem (bad input, output not writable) -> one `error:`
     line and its exit code; anything else is re-raised (its traceback). Either way the failure file
     where SageMaker's output folder is in use. Call it from an `except` block."""
-    from yolov5_smddp.sagemaker import failure
-
     failure_file = failure.command_failure_file(os.environ)
     known = failure.is_known_problem(exc)
     if known:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from yolov5_smddp.atomic import atomic_write, make_folder
@@ -306,8 +307,6 @@ def _openvino(
     """`folder`/<stem>.xml + .bin + metadata.yaml, converted from the torch module by OpenVINO's PyTorch
     frontend; the folder is built beside its final name and renamed onto it (a failed export leaves
     any earlier folder as it was)."""
-    import yaml
-
     ov = require_openvino()
     shape = [-1, 3, -1, -1] if options.dynamic else list(example.shape)
     with torch.inference_mode(False), torch.no_grad():

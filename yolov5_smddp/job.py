@@ -29,6 +29,7 @@ from yolov5_smddp import dlc
 from yolov5_smddp.config import check_hyp_value, parse_overrides, parse_train_args
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.hyp_options import hyp_key
+from yolov5_smddp.telemetry import METRIC_DEFINITIONS
 
 DISTRIBUTIONS = ("smddp", "torchrun", "none")
 SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
@@ -250,8 +251,6 @@ def _max_wait(spec: JobSpec) -> int:
 def _metric_definitions(spec: JobSpec) -> list[dict[str, str]]:
     if spec.metric_definitions is not None:
         return list(spec.metric_definitions)
-    from yolov5_smddp.telemetry import METRIC_DEFINITIONS
-
     return list(METRIC_DEFINITIONS)
 
 

@@ -11,8 +11,9 @@ launcher's variables):
               workers here with torch.distributed.launcher.api.elastic_launch and a static rendezvous that
               joins all hosts (node rank = index of this host, master = first host).
 
-`python -m yolov5_smddp.launch ARGS` is the worker command the elastic launcher runs:
-`yolov5_smddp.commands.train.main(ARGS)`, with its exception recorded for the agent.
+`python -m yolov5_smddp.launch --config-json JSON` is the worker command the elastic launcher runs: the
+driver's parsed TrainConfig (worker_config.to_json), checked when read back, trained by
+`yolov5_smddp.commands.train.run_config`, with its exception recorded for the agent.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-from yolov5_smddp import torch_patches
+from yolov5_smddp import torch_patches, worker_config
+from yolov5_smddp.commands.train import run_config
+from yolov5_smddp.config import TrainConfig
 from yolov5_smddp.distributed import DistInfo
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
 
@@ -128,9 +131,22 @@ def elastic_config(plan: LaunchPlan, *, run_id: str, rdzv_timeout_s: int = 900) 
     }
 
 
-def worker_command(train_args: Sequence[str]) -> tuple[str, list[str]]:
-    """(program, arguments) of one elastic worker: this interpreter running this module."""
-    return sys.executable, ["-m", "yolov5_smddp.launch", *train_args]
+CONFIG_OPTION = "--config-json"
+
+
+def worker_command(config: TrainConfig) -> tuple[str, list[str]]:
+    """(program, arguments) of one elastic worker: this interpreter running this module on `config`."""
+    return sys.executable, ["-m", "yolov5_smddp.launch", CONFIG_OPTION, worker_config.to_json(config)]
+
+
+def read_worker_args(argv: Sequence[str]) -> TrainConfig:
+    """The TrainConfig of `worker_command`'s arguments; ConfigError for anything else."""
+    if len(argv) != 2 or argv[0] != CONFIG_OPTION:
+        raise ConfigError(
+            f"python -m yolov5_smddp.launch takes {CONFIG_OPTION} JSON (the elastic launcher's worker "
+            f"command), got {len(argv)} argument(s); run `yolov5-smddp train` instead"
+        )
+    return worker_config.from_json(argv[1], source=f"worker option {CONFIG_OPTION}")
 
 
 class WorkerFailed(RuntimeError):
@@ -141,9 +157,7 @@ class WorkerFailed(RuntimeError):
         self.exitcode = exitcode
 
 
-def run_elastic(
-    plan: LaunchPlan, train_args: Sequence[str], *, run_id: str, environ: Mapping[str, str]
-) -> int:
+def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: Mapping[str, str]) -> int:
     """Start this host's workers with the environment `environ` and wait for all of them. Returns 0, or
     EXIT_INTERRUPTED when SIGTERM stopped them (the agent passes it on; the trainer checkpoints); raises
     WorkerFailed naming the first failed worker."""
@@ -151,7 +165,7 @@ def run_elastic(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    program, args = worker_command(train_args)
+    program, args = worker_command(config)
     # USE_LIBUV=0: a torch built without libuv (Debian's, in the local stand-in); the static rendezvous
     # ignores the variable and would fail at once
     store = torch_patches.static_store_without_libuv() if environ.get("USE_LIBUV") == "0" else nullcontext()
@@ -196,12 +210,15 @@ def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _run_worker(argv: list[str]) -> int:
+
+    return run_config(read_worker_args(argv))
+
+
 def _worker_main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from yolov5_smddp.commands.train import main as train_main
-
-    return int(record(train_main)(list(argv)) or 0)
+    return int(record(_run_worker)(list(argv)) or 0)
 
 
 if __name__ == "__main__":

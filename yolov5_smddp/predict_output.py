@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from yolov5_smddp.errors import DataError
-from yolov5_smddp.predict_sources import Frame, MediaFile
+from yolov5_smddp.predict_sources import GLOB_CHARACTERS, Frame, MediaFile, is_glob
 
 if TYPE_CHECKING:
     import torch
@@ -238,8 +238,6 @@ class Progress:
 def out_conflict(out: Path, source: str) -> str | None:
     """Why --out may not be `out` for this source (inside a searched folder, or the folder of the
     inputs), or None. Both are compared resolved."""
-    from yolov5_smddp.predict_sources import GLOB_CHARACTERS, is_glob
-
     out = out.resolve()
     path = Path(source)
     if is_glob(source) and not path.exists():

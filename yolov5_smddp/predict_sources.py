@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolov5_smddp.data.imageinfo import ImageProblem, decode_checked
 from yolov5_smddp.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = frozenset(
@@ -197,7 +198,6 @@ def frames(files: list[MediaFile], max_pixels: int, vid_stride: int = 1) -> Iter
 
 
 def _image(file: MediaFile, max_pixels: int) -> Frame:
-    from yolov5_smddp.data.imageinfo import ImageProblem, decode_checked
 
     try:
         return Frame(file, None, decode_checked(file.path, max_pixels))

@@ -85,7 +85,7 @@ def main() -> int:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp import hostmem
-    from yolov5_smddp.bench.data import resolve_data, warm_restart_copies
+    from yolov5_smddp.benchmarks.data import resolve_data, warm_restart_copies
     from yolov5_smddp.data import augment
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset

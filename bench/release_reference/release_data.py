@@ -4,7 +4,7 @@ mosaic samples at 640 px from one process, on the same synthetic dataset as `yol
 bench/release_reference/Dockerfile); this checkout must be on PYTHONPATH.
 
 The dataset is written to a temporary folder (the release writes its labels.cache there); samples are
-drawn in the same shuffled order from both, in interleaved rounds (`bench.data.interleaved_rates`).
+drawn in the same shuffled order from both, in interleaved rounds (`yolov5_smddp.benchmarks.data.interleaved_rates`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> int:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp import hostmem
-    from yolov5_smddp.bench.data import _sample_stream, interleaved_rates, resolve_data
+    from yolov5_smddp.benchmarks.data import _sample_stream, interleaved_rates, resolve_data
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.labels import build_label_index

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from child_env import child_env
 from launchers import mpirun, torchrun
+from tiny_training import tiny_training
 
 ROUNDS = int(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUNDS", "5"))
 ROUND_LIMIT_S = float(os.environ.get("YOLOV5_SMDDP_TEARDOWN_ROUND_LIMIT_S", "240"))
@@ -104,12 +105,7 @@ def hogs():
 
 
 def _options(out: Path, data: Path) -> list[str]:
-    return [
-        "--cfg", "yolov5n", "--data", str(data), "--imgsz", "64", "--batch-size", "8", "--epochs", "1",
-        "--workers", "0", "--backend", "gloo", "--dist-timeout", "120",
-        "--model-dir", str(out / "model"), "--output-dir", str(out / "output"),
-        "--checkpoint-dir", str(out / "ckpt"), "--cache-dir", str(out / "cache"),
-    ]  # fmt: skip
+    return tiny_training(out, data, "--epochs", "1", "--backend", "gloo", "--dist-timeout", "120")
 
 
 def _session_pids(sid: int) -> list[int]:

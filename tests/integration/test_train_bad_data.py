@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from child_env import child_env
 from datatree import make_read_only, tree_state, write_bad_images
+from tiny_training import tiny_training
 
 from yolov5_smddp.data.synthetic import make_default_dataset
 
@@ -36,26 +37,7 @@ def _cli(*args: str) -> list[str]:
 
 def _train_args(out: Path, data_yaml: Path, *extra: str) -> list[str]:
     return _cli(
-        "train",
-        "--data",
-        str(data_yaml),
-        "--cfg",
-        "yolov5n",
-        "--imgsz",
-        "64",
-        "--batch-size",
-        "4",
-        "--log-every",
-        "1",
-        "--model-dir",
-        str(out / "model"),
-        "--output-dir",
-        str(out / "output"),
-        "--checkpoint-dir",
-        str(out / "ckpt"),
-        "--cache-dir",
-        str(out / "cache"),
-        *extra,
+        "train", *tiny_training(out, data_yaml, "--log-every", "1", *extra, batch_size=4, workers=None)
     )
 
 

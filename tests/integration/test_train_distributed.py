@@ -14,34 +14,13 @@ import pytest
 import torch
 from launchers import mpirun, single, torchrun
 from stopping import STOPPED_MODEL_FILES, model_files, run_until
+from tiny_training import tiny_training
 
 pytestmark = pytest.mark.slow
 
 
 def _options(out: Path, data: Path, *extra: str) -> list[str]:
-    return [
-        "--cfg",
-        "yolov5n",
-        "--data",
-        str(data),
-        "--imgsz",
-        "64",
-        "--batch-size",
-        "8",
-        "--workers",
-        "0",
-        "--log-every",
-        "2",
-        "--model-dir",
-        str(out / "model"),
-        "--output-dir",
-        str(out / "output"),
-        "--checkpoint-dir",
-        str(out / "ckpt"),
-        "--cache-dir",
-        str(out / "cache"),
-        *extra,
-    ]
+    return tiny_training(out, data, "--log-every", "2", *extra)
 
 
 def _train_module() -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from launchers import Launch, mpirun, torchrun
 from launchers import single as one_process
+from tiny_training import tiny_training
 
 KEYS = ("precision", "recall", "mAP50", "mAP50-95", "fitness", "images", "targets", "per_class")
 
@@ -126,33 +127,7 @@ def test_two_rank_training_reports_best_pt_numbers_as_final(tmp_path):
 
     data = make_default_dataset(tmp_path / "data", n_train=16, n_val=20, imgsz=128, seed=4)
     out = tmp_path / "run"
-    train = [
-        "-m",
-        "yolov5_smddp",
-        "train",
-        "--cfg",
-        "yolov5n",
-        "--data",
-        str(data),
-        "--imgsz",
-        "64",
-        "--batch-size",
-        "8",
-        "--epochs",
-        "2",
-        "--workers",
-        "0",
-        "--backend",
-        "gloo",
-        "--model-dir",
-        str(out / "model"),
-        "--output-dir",
-        str(out / "output"),
-        "--checkpoint-dir",
-        str(out / "ckpt"),
-        "--cache-dir",
-        str(out / "cache"),
-    ]
+    train = ["-m", "yolov5_smddp", "train", *tiny_training(out, data, "--epochs", "2", "--backend", "gloo")]
     stdout = _run(torchrun(train))
     assert "val: images per rank 16/4 of 20 on 2 ranks" in stdout  # val batches of 2 x 4
     final = json.loads((out / "model" / "metrics.json").read_text())["final"]

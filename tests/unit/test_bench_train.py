@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 
-from yolov5_smddp.bench import timing
-from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
-from yolov5_smddp.bench.timing import PhaseClock
-from yolov5_smddp.bench.train import Combination, combinations, summarise
+from yolov5_smddp.benchmarks import timing
+from yolov5_smddp.benchmarks.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
+from yolov5_smddp.benchmarks.timing import PhaseClock
+from yolov5_smddp.benchmarks.train import Combination, combinations, summarise
 from yolov5_smddp.errors import ConfigError
 
 RESULT_FIELDS = {
@@ -182,7 +182,7 @@ def test_bench_train_real_loader_on_synthetic_data(tmp_path):
 def test_bench_train_times_the_colour_on_the_device_batch(tmp_path):
     """`--color-aug device`: the staged batches carry colour parameters and the step applies them (on
     CPU that costs far more than the workers' OpenCV, which is why `auto` keeps them there)."""
-    from yolov5_smddp.bench import inputs
+    from yolov5_smddp.benchmarks import inputs
     from yolov5_smddp.config import load_hyp
 
     staged = inputs.staged_synthetic(2, 64, 3, torch.device("cpu"), hyp=load_hyp("scratch-low"))
@@ -208,7 +208,7 @@ def test_bench_and_trainer_build_the_same_training_stack():
     GPU gets what a 1-rank training run with the default options gets."""
     import torch
 
-    from yolov5_smddp.bench.train import bench_training_stack
+    from yolov5_smddp.benchmarks.train import bench_training_stack
     from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
     from yolov5_smddp.engine import resolve_amp
     from yolov5_smddp.models.yolo import build_model

@@ -6,8 +6,8 @@ import json
 import cv2
 import numpy as np
 
-from yolov5_smddp.bench import data as bench_data
-from yolov5_smddp.bench.workers import recommend
+from yolov5_smddp.benchmarks import data as bench_data
+from yolov5_smddp.benchmarks.workers import recommend
 
 
 def test_recommend_smallest_within_five_percent():

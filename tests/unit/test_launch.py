@@ -4,9 +4,11 @@ import sys
 
 import pytest
 
+from yolov5_smddp import launch
+from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.distributed import detect_dist_info
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.launch import LaunchPlan, decide_launch, elastic_config, worker_command
+from yolov5_smddp.launch import LaunchPlan, decide_launch, elastic_config, read_worker_args, worker_command
 
 HOSTS = ["algo-1", "algo-2"]
 
@@ -162,10 +164,27 @@ def test_elastic_config_exact():
     }
 
 
-def test_worker_command_is_a_list_not_a_shell_string():
-    program, args = worker_command(["--epochs", "1; rm -rf /", "--cfg", "yolov5n"])
+def test_worker_command_hands_the_parsed_config_as_one_word_not_a_shell_string():
+    config = parse_train_args(["--epochs", "2", "--name", "x; rm -rf /", "--cfg", "yolov5n", "--freeze", "1"])
+    program, args = worker_command(config)
     assert program == sys.executable
-    assert args == ["-m", "yolov5_smddp.launch", "--epochs", "1; rm -rf /", "--cfg", "yolov5n"]
+    assert args[:3] == ["-m", "yolov5_smddp.launch", "--config-json"] and len(args) == 4
+    back = read_worker_args(args[2:])
+    assert back == config and back.given == config.given and back.freeze == [0]
+
+
+def test_the_worker_trains_the_config_it_was_handed(monkeypatch):
+    config = parse_train_args(["--epochs", "2", "--cfg", "yolov5n", "--data", "/d/data.yaml"])
+    seen = []
+    monkeypatch.setattr(launch, "run_config", lambda c: seen.append(c) or 0)
+    assert launch._worker_main(worker_command(config)[1][2:]) == 0
+    assert seen == [config] and seen[0].given == {"epochs", "cfg", "data"}
+
+
+@pytest.mark.parametrize("argv", [[], ["--epochs", "1"], ["--config-json"], ["--config-json", "{}", "x"]])
+def test_a_worker_command_without_one_config_is_refused(argv):
+    with pytest.raises(ConfigError, match="takes --config-json JSON"):
+        read_worker_args(argv)
 
 
 def test_elastic_config_is_accepted_by_torch_launch_config():

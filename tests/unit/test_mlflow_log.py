@@ -281,8 +281,7 @@ def test_the_sagemaker_job_name_becomes_the_run_name(tmp_path: Path, monkeypatch
 
     environ = {"SAGEMAKER_BASE_DIR": str(tmp_path), **environ}
     assert read_environment(environ).job_name == environ.get("TRAINING_JOB_NAME")
-    seen: list[list[str]] = []
-    monkeypatch.setattr(driver, "train_main", lambda args, info: seen.append(list(args)) or 0)
+    seen: list[str | None] = []
+    monkeypatch.setattr(driver, "run_config", lambda config, info: seen.append(config.run_name) or 0)
     assert driver.main(["--epochs", "1", *argv], environ=environ) == 0
-    (args,) = seen
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--run-name"] == expected
+    assert seen == (expected or [None])

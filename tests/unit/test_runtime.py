@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from tiny_training import tiny_training
 
 from yolov5_smddp.runtime import RuntimeSettings, apply_runtime, cpu_threads_per_rank, decide_runtime
 
@@ -70,9 +71,7 @@ def test_a_training_run_applies_and_logs_them(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(trainer, "apply_runtime", applied.append)
     monkeypatch.setattr(trainer.os, "cpu_count", lambda: 6)
     out = tmp_path / "run"
-    argv = ["--cfg", "yolov5n", "--data", str(data), "--epochs", "1", "--imgsz", "64", "--batch-size", "2"]
-    argv += ["--workers", "2", "--noplots", "--model-dir", str(out / "m"), "--output-dir", str(out / "o")]
-    argv += ["--checkpoint-dir", str(out / "c"), "--cache-dir", str(out / "cache")]
+    argv = tiny_training(out, data, "--epochs", "1", "--noplots", batch_size=2, workers=2)
     with caplog.at_level(logging.INFO):
         assert main(argv) == 0
     assert applied == [RuntimeSettings(4, False, "no CUDA device")]  # 6 cores, 1 rank, 2 loader workers

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.sagemaker import main
 from yolov5_smddp.sagemaker.dataset import prepare_data_yaml
-from yolov5_smddp.sagemaker.driver import location_args
+from yolov5_smddp.sagemaker.driver import job_config, location_options
 from yolov5_smddp.sagemaker.env import SageMakerEnv, read_environment
 from yolov5_smddp.sagemaker.failure import failure_reason, write_failure
 from yolov5_smddp.sagemaker.local_config import hyperparameters_from_cli, write_local_config
@@ -136,7 +137,7 @@ def test_cache_folder_is_the_warm_pool_cache_else_local_never_an_upload(tmp_path
     assert warm.cache_dir == Path("/opt/ml/sagemaker/warmpoolcache/yolov5-smddp")
     for env in (plain, warm):
         assert not env.cache_dir.is_relative_to(env.output_dir)
-        assert "--cache-dir" in location_args(env, []) and str(env.cache_dir) in location_args(env, [])
+        assert location_options(env, parse_train_args([]))["cache_dir"] == str(env.cache_dir)
 
 
 def test_bad_json_and_unknown_host_are_config_errors(tmp_path):
@@ -177,17 +178,45 @@ def test_write_local_config_only_when_none_is_mounted(tmp_path):
     assert (config_dir / "hyperparameters.json").read_text() == before
 
 
-def test_location_args_fill_only_what_the_user_did_not_set(tmp_path):
+def test_location_options_fill_only_what_the_user_did_not_set(tmp_path):
     env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path)}, hostname="h")
-    args = location_args(env, ["--epochs", "1", "--model_dir", "/mine", "--cache-dir=/c"])
-    assert args == [
-        "--output-dir",
+    config = parse_train_args(["--epochs", "1", "--model_dir", "/mine", "--cache-dir=/c"])
+    assert location_options(env, config) == {
+        "output_dir": str(tmp_path / "output/data"),
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "tensorboard_dir": str(tmp_path / "output/tensorboard"),
+    }
+
+
+def test_job_config_is_the_parsed_config_with_the_jobs_folders_data_and_weights(tmp_path):
+    """What the workers train: the user's options as parsed, the folders, job name, data and weights the
+    driver decided, every one of them counted as given (as the options it once appended were)."""
+    env = read_environment({"SAGEMAKER_BASE_DIR": str(tmp_path), "TRAINING_JOB_NAME": "job-7"}, hostname="h")
+    config = parse_train_args(
+        ["--epochs", "3", "--model_dir", "/mine", "--freeze", "2", "--data", "mine.yaml"]
+    )
+    worker = job_config(env, config, data_yaml=tmp_path / "d.yaml", weights=tmp_path / "w.pt")
+    assert (worker.epochs, worker.model_dir, worker.freeze) == (3, "/mine", [0, 1])
+    assert (worker.data, worker.weights, worker.run_name) == (
+        str(tmp_path / "d.yaml"),
+        str(tmp_path / "w.pt"),
+        "job-7",
+    )
+    assert (worker.output_dir, worker.checkpoint_dir) == (
         str(tmp_path / "output/data"),
-        "--checkpoint-dir",
         str(tmp_path / "checkpoints"),
-        "--tensorboard-dir",
-        str(tmp_path / "output/tensorboard"),
-    ]
+    )
+    assert worker.given == config.given | {
+        "output_dir",
+        "checkpoint_dir",
+        "cache_dir",
+        "tensorboard_dir",
+        "run_name",
+        "data",
+        "weights",
+    }
+    untouched = job_config(env, parse_train_args(["--run-name", "mine"]), data_yaml=None, weights=None)
+    assert (untouched.run_name, untouched.data, untouched.weights) == ("mine", None, None)
 
 
 def _write_dataset(root: Path) -> None:
@@ -315,7 +344,7 @@ def test_under_the_toolkits_mpirun_each_rank_names_its_own_host(
 
     _fake_opt_ml(tmp_path, hosts=("algo-1", "algo-2"), current="algo-1", channels=())
     seen = []
-    monkeypatch.setattr(driver, "train_main", lambda argv, info: seen.append(info) or 0)
+    monkeypatch.setattr(driver, "run_config", lambda config, info: seen.append(info) or 0)
     caplog.set_level("INFO", logger="yolov5_smddp.sagemaker")
     environ = {
         "SAGEMAKER_BASE_DIR": str(tmp_path),
@@ -368,7 +397,7 @@ def test_a_stop_by_sigterm_is_one_line_and_the_reason_no_traceback(tmp_path, mon
     from yolov5_smddp.sagemaker import driver
 
     _fake_opt_ml(tmp_path, hosts=("algo-1",), current="algo-1", channels=())
-    monkeypatch.setattr(driver, "train_main", lambda argv, info: 143)
+    monkeypatch.setattr(driver, "run_config", lambda config, info: 143)
     caplog.set_level("INFO")
     assert main(["--epochs", "1", "--cfg", "yolov5n"], environ={"SAGEMAKER_BASE_DIR": str(tmp_path)}) == 143
     stopped = [r.getMessage() for r in caplog.records if "SIGTERM" in r.getMessage()]

@@ -95,7 +95,7 @@ def test_the_elastic_launcher_exports_them_once_before_starting_workers(tmp_path
     monkeypatch.setattr(os, "environ", dict(process_environ))
     seen = []
 
-    def run_elastic(plan, worker_args, *, run_id, environ):  # what the workers will run with
+    def run_elastic(plan, config, *, run_id, environ):  # what the workers will run with
         seen.append((plan.mode, dict(environ)))
         return 0
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from yolov5_smddp.bench.opcount import count_operators
+from yolov5_smddp.benchmarks.opcount import count_operators
 from yolov5_smddp.config import load_hyp
 from yolov5_smddp.ema import ModelEMA
 from yolov5_smddp.engine import AmpPolicy, TrainStep

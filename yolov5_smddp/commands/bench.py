@@ -1,4 +1,4 @@
-"""`yolov5-smddp bench {train,data,workers}` (the scaling model is a research tool: `python -m bench.scaling`): each benchmark lives in `yolov5_smddp.bench.<name>`
+"""`yolov5-smddp bench {train,data,workers}` (the scaling model is a research tool: `python -m bench.scaling`): each benchmark lives in `yolov5_smddp.benchmarks.<name>`
 with the same `add_arguments(parser)` / `run(args)` pair as a command."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import argparse
 import importlib
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "train": ("yolov5_smddp.bench.train", "training step throughput, step-time split, memory, MFU"),
-    "data": ("yolov5_smddp.bench.data", "mosaic pipeline samples/s and label-scan files/s"),
-    "workers": ("yolov5_smddp.bench.workers", "loader throughput per DataLoader worker count"),
+    "train": ("yolov5_smddp.benchmarks.train", "training step throughput, step-time split, memory, MFU"),
+    "data": ("yolov5_smddp.benchmarks.data", "mosaic pipeline samples/s and label-scan files/s"),
+    "workers": ("yolov5_smddp.benchmarks.workers", "loader throughput per DataLoader worker count"),
 }
 
 

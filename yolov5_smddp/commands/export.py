@@ -8,14 +8,15 @@ import argparse
 import logging
 from pathlib import Path
 
-from yolov5_smddp.commands.options import add_model_input_options, make_folder
+from yolov5_smddp.commands.options import add_model_input_options, add_weights_option, make_folder
+from yolov5_smddp.commands.predict import _device
 from yolov5_smddp.errors import DataError, OutputError
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", required=True, type=Path, help="checkpoint: ours or the release's .pt")
+    add_weights_option(parser, help="checkpoint: ours or the release's .pt")
     parser.add_argument(
         "--include",
         nargs="+",
@@ -47,7 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.commands.predict import _device
     from yolov5_smddp.export import ExportOptions, export_model, image_size
     from yolov5_smddp.models.weights import load_model
 

@@ -1,4 +1,5 @@
-"""Option blocks that `val`, `predict` and `export` share, defined once, with the release's spellings
+"""Option blocks that `val`, `predict` and `export` share (weights, input size, device, pixel limit, cache
+folder, thresholds), defined once, with the release's spellings
 (`--img`, `--img-size`, `--conf-thres`, `--iou-thres`) accepted beside ours where they mean the same; and
 the making of the output folders these options name."""
 
@@ -44,6 +45,23 @@ def add_model_input_options(
             default=DEFAULT_MAX_PIXELS,
             help="skip images whose header claims more pixels (default 2^27; see `train --help`)",
         )
+
+
+def add_weights_option(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """--weights (required), a path; `help` says which model files the command takes."""
+    parser.add_argument("--weights", required=True, type=Path, help=help)
+
+
+def add_cache_dir_option(parser: argparse.ArgumentParser) -> None:
+    """--cache-dir: where the label scan's cache goes (never under the dataset)."""
+    parser.add_argument(
+        "--cache-dir",
+        "--cache_dir",
+        dest="cache_dir",
+        default=None,
+        help="label cache folder (default $XDG_CACHE_HOME/yolov5-smddp, else ~/.cache/yolov5-smddp); "
+        "nothing is ever written under the dataset",
+    )
 
 
 def add_threshold_options(parser: argparse.ArgumentParser, *, conf: float, iou: float, max_det: int) -> None:

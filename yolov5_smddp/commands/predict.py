@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
+from yolov5_smddp.commands.options import (
+    add_model_input_options,
+    add_threshold_options,
+    add_weights_option,
+    make_folder,
+)
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.predict_output import (
     DEFAULT_FPS,
@@ -25,6 +30,7 @@ from yolov5_smddp.predict_output import (
     SaveOptions,
     out_conflict,
 )
+from yolov5_smddp.predict_sources import frames, resolve_source
 
 if TYPE_CHECKING:
     import torch
@@ -35,10 +41,8 @@ PROGRESS_SECONDS = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--weights",
-        required=True,
-        type=Path,
+    add_weights_option(
+        parser,
         help="checkpoint: ours or the release's .pt, or an exported .onnx, .torchscript or OpenVINO folder",
     )
     parser.add_argument(
@@ -167,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     from yolov5_smddp.data.letterbox import letterbox
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.postprocess import non_max_suppression
-    from yolov5_smddp.predict_sources import frames, resolve_source
 
     shape = _check_options(args)
     resolved = resolve_source(args.source)

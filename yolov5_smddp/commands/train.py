@@ -1,7 +1,9 @@
 """`yolov5-smddp train`: train a detector in this process (one worker of a torchrun/mpirun job, or alone).
 
-`main(argv)` is the per-worker entry the SageMaker module and the launcher call: parse the options,
-read the distributed environment, train, write the outputs, return the exit code. UserErrors propagate.
+`run_config(config, info)` is the per-worker entry: read the distributed environment (unless `info` says
+where this worker sits), train, write the outputs, return the exit code. The SageMaker driver and the
+elastic launcher's workers call it with the driver's parsed TrainConfig; `main(argv)` parses option words
+first. UserErrors propagate.
 """
 
 from __future__ import annotations
@@ -12,24 +14,30 @@ import os
 import sys
 from pathlib import Path
 
+from yolov5_smddp import distributed, hostmem
+from yolov5_smddp.config import (
+    TrainConfig,
+    add_train_arguments,
+    config_from_namespace,
+    parse_train_args,
+    resolve_output_dirs,
+)
+from yolov5_smddp.distributed import DistInfo
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from yolov5_smddp.config import add_train_arguments
-
     add_train_arguments(parser)
 
 
-def main(argv: list[str], info=None) -> int:
+def main(argv: list[str], info: DistInfo | None = None) -> int:
     """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable).
     `info` (a distributed.DistInfo) is where this worker sits; None: read from the launcher's variables."""
-    from yolov5_smddp.config import parse_train_args
-
     return run_config(parse_train_args(argv), info)
 
 
-def run_config(config, info=None) -> int:
-    from yolov5_smddp import distributed, hostmem, trainer
-    from yolov5_smddp.config import resolve_output_dirs
+def run_config(config: TrainConfig, info: DistInfo | None = None) -> int:
+    """Train `config` (already parsed and checked: `main`, or the SageMaker driver's one parse)."""
+    from yolov5_smddp import trainer  # torch: imported by training, not by `yolov5-smddp --help` (cli.py)
 
     hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
     if info is None:
@@ -49,6 +57,4 @@ def run_config(config, info=None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.config import config_from_namespace
-
     return run_config(config_from_namespace(args))

@@ -30,13 +30,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.commands.options import add_model_input_options, add_threshold_options, make_folder
+from yolov5_smddp.commands.options import (
+    add_cache_dir_option,
+    add_model_input_options,
+    add_threshold_options,
+    add_weights_option,
+    make_folder,
+)
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", required=True, help="weights file (ours or the release's .pt)")
+    add_weights_option(parser, help="weights file (ours or the release's .pt)")
     parser.add_argument("--data", required=True, help="data.yaml, or a COCO instances JSON")
     parser.add_argument(
         "--split",
@@ -92,14 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also write the metrics at full precision to this JSON file (rank 0)",
     )
-    parser.add_argument(
-        "--cache-dir",
-        "--cache_dir",
-        dest="cache_dir",
-        default=None,
-        help="label cache folder (default $XDG_CACHE_HOME/yolov5-smddp, else ~/.cache/yolov5-smddp); "
-        "nothing is ever written under the dataset",
-    )
+    add_cache_dir_option(parser)
 
 
 def detection_json(row: Sequence[float], image_ids: Sequence[int], category_ids: Sequence[int]) -> dict:

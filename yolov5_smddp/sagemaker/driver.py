@@ -2,7 +2,9 @@
 
 `main(argv, environ)` never raises for a training failure: it returns the exit code (see failure.py).
 `run_job()` never writes os.environ: a worker in this process gets its place (`DistInfo`) directly, the
-elastic launcher gets the environment for its workers (`worker_environment`).
+elastic launcher gets the environment for its workers (`worker_environment`). The hyperparameters are
+parsed once: every worker gets that TrainConfig (`job_config`), in this process as it is, through the
+elastic launcher as JSON (yolov5_smddp.worker_config).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from pathlib import Path
 
 from yolov5_smddp import launch
 from yolov5_smddp.atomic import make_folder
-from yolov5_smddp.commands.train import main as train_main
-from yolov5_smddp.config import parse_train_args
+from yolov5_smddp.commands.train import run_config
+from yolov5_smddp.config import TrainConfig, parse_train_args
 from yolov5_smddp.distributed import DistInfo, detect_dist_info
 from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.hyp_options import fold_hyp_options
@@ -26,6 +28,7 @@ from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml, wei
 from yolov5_smddp.sagemaker.efa import network_environment
 from yolov5_smddp.sagemaker.env import SageMakerEnv, default_failure_file, read_environment
 from yolov5_smddp.sagemaker.failure import report_failure, report_stop
+from yolov5_smddp.worker_config import with_options
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +83,33 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return report_failure(exc, failure_file)
 
 
-def _given(args: Sequence[str], option: str) -> bool:
-    """Whether `--option` (either spelling, `--opt v` or `--opt=v`) is among `args`."""
-    spellings = {"--" + option, "--" + option.replace("-", "_")}
-    return any(a in spellings or a.split("=", 1)[0] in spellings for a in args)
-
-
-def location_args(env: SageMakerEnv, train_args: Sequence[str]) -> list[str]:
-    """The training options for the SageMaker folders, for each one the user did not set."""
+def location_options(env: SageMakerEnv, config: TrainConfig) -> dict[str, str]:
+    """The training options for the SageMaker folders (TrainConfig field → path), for each one the user
+    did not set."""
     locations = {
-        "model-dir": env.model_dir,
-        "output-dir": env.output_data_dir,
-        "checkpoint-dir": env.checkpoint_dir,
-        "cache-dir": env.cache_dir,
-        "tensorboard-dir": env.tensorboard_dir,
+        "model_dir": env.model_dir,
+        "output_dir": env.output_data_dir,
+        "checkpoint_dir": env.checkpoint_dir,
+        "cache_dir": env.cache_dir,
+        "tensorboard_dir": env.tensorboard_dir,
     }
-    out: list[str] = []
-    for option, path in locations.items():
-        if not _given(train_args, option):
-            out += [f"--{option}", str(path)]
-    return out
+    return {name: str(path) for name, path in locations.items() if name not in config.given}
+
+
+def job_config(
+    env: SageMakerEnv, config: TrainConfig, *, data_yaml: Path | None, weights: Path | None
+) -> TrainConfig:
+    """What every worker trains (pure): the hyperparameters' `config` with the SageMaker folders the user
+    did not set, the job name as --run-name unless set (it names the MLflow run), the data.yaml rebased
+    onto the channels and the weights from the weights channel where there are those."""
+    values: dict[str, str] = location_options(env, config)
+    if env.job_name and "run_name" not in config.given:
+        values["run_name"] = env.job_name
+    if data_yaml is not None:
+        values["data"] = str(data_yaml)
+    if weights is not None:
+        values["weights"] = str(weights)
+    return with_options(config, **values)
 
 
 def worker_environment(environ: Mapping[str, str], network: Mapping[str, str]) -> dict[str, str]:
@@ -153,25 +163,19 @@ def run_job(
     if data_yaml is not None and plan.local_rank == 0:
         cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
         check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
-    worker_args = list(train_args) + location_args(env, train_args)
-    if env.job_name and not _given(train_args, "run-name"):
-        worker_args += ["--run-name", env.job_name]  # names the MLflow run (mlflow_log)
-    if data_yaml is not None:
-        worker_args += ["--data", str(data_yaml)]
     weights = weights_from_channel(env, config.weights)
-    if weights is not None:
-        worker_args += ["--weights", str(weights)]
+    worker = job_config(env, config, data_yaml=data_yaml, weights=weights)
     for folder in (env.model_dir, env.output_data_dir, env.checkpoint_dir, env.cache_dir):
         make_folder(folder)
 
     if plan.in_process:
-        code = int(train_main(worker_args, info=worker_info(info, plan)) or 0)
+        code = int(run_config(worker, info=worker_info(info, plan)) or 0)
     else:
         network = network_environment(env.instance_type, env.network_interface, environ)
         log.info("%s", network.log_line(env.instance_type))
         code = launch.run_elastic(
             plan,
-            worker_args,
+            worker,
             run_id=env.job_name or "yolov5-smddp",
             environ=worker_environment(environ, network.added),
         )

@@ -16,6 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from yolov5_smddp.data.coco import load_coco, split_annotations
+
 TRAIN2017_IMAGES = 118_287
 TRAIN2017_BOXES = 860_001
 _CATEGORY_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]  # COCO's 80
@@ -23,8 +27,6 @@ _CATEGORY_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68
 
 def write_coco_json(path: Path, n_images: int, n_boxes: int, seed: int = 0) -> Path:
     """A syntactically complete instances JSON of that size (boxes inside their images)."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     widths = rng.integers(320, 641, n_images)
     heights = rng.integers(240, 481, n_images)
@@ -78,17 +80,14 @@ def _peak_rss_mb() -> float:
 
 
 def _child(json_path: str, cache_dir: str) -> None:
-    """One measurement in this (fresh) process; prints a JSON line."""
-    import numpy  # the baseline includes numpy, as in a job
-
-    from yolov5_smddp.data.coco import load_coco, split_annotations
-
+    """One measurement in this (fresh) process; prints a JSON line. The baseline includes numpy and the
+    COCO reader (imported with this module), as in a job."""
     base = _peak_rss_mb()
     start = time.perf_counter()
     table, state = load_coco(Path(json_path), Path(cache_dir))
     seconds = time.perf_counter() - start
     start = time.perf_counter()  # the per-job conversion into per-image label arrays (image checks aside)
-    usable = numpy.ones(len(table.image_ids), dtype=bool)
+    usable = np.ones(len(table.image_ids), dtype=bool)
     split = split_annotations(table, usable, table.widths, table.heights)
     split_seconds = time.perf_counter() - start
     print(
@@ -109,7 +108,9 @@ def _child(json_path: str, cache_dir: str) -> None:
 
 
 def _measure(json_path: Path, cache_dir: Path) -> dict:
-    code = "import sys; from yolov5_smddp.bench.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    code = (
+        "import sys; from yolov5_smddp.benchmarks.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code, str(json_path), str(cache_dir)],
         check=True,
@@ -123,7 +124,9 @@ def _measure(json_path: Path, cache_dir: Path) -> dict:
 def measure_ranks(json_path: Path, cache_dir: Path, ranks: int) -> list[dict]:
     """`ranks` fresh processes loading the same JSON at once into an empty `cache_dir`, as the ranks of
     one host do: each one's state ('built' = it parsed), seconds and peak RSS."""
-    code = "import sys; from yolov5_smddp.bench.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    code = (
+        "import sys; from yolov5_smddp.benchmarks.coco_index import _child; _child(sys.argv[1], sys.argv[2])"
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code, str(json_path), str(cache_dir)], stdout=subprocess.PIPE, text=True

@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         if args.coco_images > 0:
-            from yolov5_smddp.bench.coco_index import measure_coco_index
+            from yolov5_smddp.benchmarks.coco_index import measure_coco_index
 
             rows.update(measure_coco_index(workdir, args.coco_images, args.coco_boxes, args.coco_ranks))
 

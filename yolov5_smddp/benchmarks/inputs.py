@@ -14,8 +14,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from yolov5_smddp.data.augment import AugmentParams, draw_color_params
+from yolov5_smddp.data.config import load_data_config
+from yolov5_smddp.data.dataset import YoloDataset
+from yolov5_smddp.data.labels import build_label_index
+from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
+from yolov5_smddp.data.synthetic import make_default_dataset
 from yolov5_smddp.errors import DataError
 
 STAGED_BATCHES = 4  # distinct device batches cycled through, so no step reuses the previous input
@@ -39,10 +46,6 @@ def staged_synthetic(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """STAGED_BATCHES random uint8 batches and their targets, already on `device`; with `hyp` (HSV and
     flips on the device batch) also colour parameters drawn from its gains, as the workers draw them."""
-    import numpy as np
-
-    from yolov5_smddp.data.augment import AugmentParams, draw_color_params
-
     generator = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(0)
     staged = []
@@ -69,8 +72,6 @@ def dataset_yaml(data: str, scratch: Path, imgsz: int, batch: int) -> Path:
     """`data` as a data.yaml path; "synthetic" writes the embedded default dataset under `scratch`
     (SYNTHETIC_BATCHES_PER_EPOCH batches of `batch` images)."""
     if data == "synthetic":
-        from yolov5_smddp.data.synthetic import make_default_dataset
-
         folder = scratch / f"synthetic-{imgsz}-{batch}"
         return make_default_dataset(folder, n_train=batch * SYNTHETIC_BATCHES_PER_EPOCH, n_val=0, imgsz=imgsz)
     return Path(data)
@@ -90,11 +91,6 @@ def pipeline_batches(
     """Endless (images, targets, colour) from the training pipeline (mosaic augmentation on, as in
     training; `color_on_device` as `--color-aug`); returns (batches, number of classes, DataLoader workers
     used). Label caches go to `cache_dir`, never into the dataset."""
-    from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.labels import build_label_index
-    from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
-
     config = load_data_config(yaml_path)
     index = build_label_index(
         config.train,

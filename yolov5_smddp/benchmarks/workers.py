@@ -8,6 +8,10 @@ import json
 import tempfile
 from pathlib import Path
 
+from yolov5_smddp.benchmarks.data import loader_rate, resolve_data
+from yolov5_smddp.data.config import load_data_config
+from yolov5_smddp.data.labels import build_label_index
+
 RECOMMEND_WITHIN = 0.05
 
 
@@ -30,10 +34,7 @@ def recommend(rates: dict[int, float], within: float = RECOMMEND_WITHIN) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.bench.data import loader_rate, resolve_data
-    from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.dataset import YoloDataset  # cv2: not imported by `yolov5-smddp -h` (cli.py)
 
     counts = [int(w) for w in str(args.workers).split(",") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:

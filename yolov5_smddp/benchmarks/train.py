@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from yolov5_smddp.bench.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
-from yolov5_smddp.bench.timing import PhaseClock
+from yolov5_smddp.benchmarks.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
+from yolov5_smddp.benchmarks.timing import PhaseClock
 from yolov5_smddp.config import TrainConfig
 from yolov5_smddp.errors import ConfigError
 
@@ -214,7 +214,7 @@ def _peak_memory_mb(device_type: str) -> float:
 
 def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tuple[Iterator, int]:
     """(endless batches, number of classes) for one combination."""
-    from yolov5_smddp.bench import inputs
+    from yolov5_smddp.benchmarks import inputs
     from yolov5_smddp.data.color import runs_on_device
 
     color_on_device = runs_on_device(args.color_aug, device.type)
@@ -273,7 +273,7 @@ def measure(
     clipping, the non-finite guard and the EMA update included)."""
     import torch
 
-    from yolov5_smddp.bench.opcount import count_operators
+    from yolov5_smddp.benchmarks.opcount import count_operators
     from yolov5_smddp.engine import TrainStep, compile_plan, resolve_amp
     from yolov5_smddp.models.yolo import build_model
 
