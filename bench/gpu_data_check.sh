@@ -5,7 +5,7 @@
 #   bash bench/gpu_data_check.sh [RESULTS_DIR]        # default: $OUT, else ./bench-results
 #
 # 1. loader.json: the loader alone at 640 px, <= 4 CPU workers, batch 64 — `train --loader gpu`'s path
-#    (yolov5_smddp.bench.data.gpu_path_rows: mosaics/s, device ms per stage, worker CPU ms, buffer
+#    (yolov5_smddp.benchmarks.data.gpu_path_rows: mosaics/s, device ms per stage, worker CPU ms, buffer
 #    sizes; target >= 2,000 mosaics/s) beside the CPU path with the same workers, and nvJPEG's decode
 #    against OpenCV's (mean/max absolute pixel difference: the device's "decode" stage bound).
 # 2. train_{cpu,gpu}.log + train_summary.json: real `train` of yolov5s, batch 64, 640 px, 4 workers, for
@@ -61,7 +61,7 @@ import json, os, sys
 from pathlib import Path
 import cv2, numpy as np, torch
 from torchvision.io import ImageReadMode, decode_jpeg
-from yolov5_smddp.bench.data import gpu_path_rows, loader_rate
+from yolov5_smddp.benchmarks.data import gpu_path_rows, loader_rate
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
 env = os.environ

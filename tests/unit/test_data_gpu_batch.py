@@ -262,7 +262,7 @@ def test_recent_partners_and_validation_are_refused_with_a_message(index):
 
 
 def test_bench_data_gpu_row_on_the_cpu_device(index):
-    from yolov5_smddp.bench.data import gpu_path_rows
+    from yolov5_smddp.benchmarks.data import gpu_path_rows
 
     rows = gpu_path_rows(index, IMGSZ, workers=0, batch_size=2, iters=4, device="cpu")
     assert rows["gpu_path_cpu_samples_per_s_0workers"] > 0 and rows["gpu_path_cpu_workers"] == 0
