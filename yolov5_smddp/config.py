@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -874,11 +873,10 @@ def resolve_output_dirs(
     The run folder: with --resume, the resumed run's (the checkpoint's folder's parent when that folder is
     `checkpoints`, else the checkpoint's folder); else `run_folder` of --project/--name under `cwd`. Every
     rank resolves it before the process group forms, so all of them find the same free name (rank 0 makes
-    the folders later). The cache folder defaults to the user's (`data.cache.default_cache_dir` of
+    the folders later). The cache folder: `data.cache.choose_cache_dir` (--cache-dir, else the user's of
     `environ`, default os.environ, and `home`)."""
-    from yolov5_smddp.data.cache import default_cache_dir
+    from yolov5_smddp.data.cache import choose_cache_dir
 
-    cache = default_cache_dir(os.environ if environ is None else environ, home or Path.home())
     resumed = resume_source(config, cwd)
     if resumed is not None:
         checkpoints = resumed.parent
@@ -894,7 +892,7 @@ def resolve_output_dirs(
         model_dir=given_or(config.model_dir, run / "model"),
         output_dir=given_or(config.output_dir, run / "output"),
         checkpoint_dir=given_or(config.checkpoint_dir, checkpoints),
-        cache_dir=given_or(config.cache_dir, cache),
+        cache_dir=choose_cache_dir(config.cache_dir, environ=environ, home=home),
         tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
         resume_from=resumed,
     )

@@ -16,18 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from yolov5_smddp.data.config import DataConfig, load_data_config
-from yolov5_smddp.data.dataset import YoloDataset, resized_hw
+from yolov5_smddp.data.dataset import YoloDataset, decodes_regions, resized_hw
 from yolov5_smddp.data.labels import LabelIndex, build_label_index, collapse_to_one_class, scan_workers
-from yolov5_smddp.data.loader import (
-    build_dataloader,
-    build_val_loader,
-    check_batch_fits,
-    num_workers_per_rank,
-)
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
 from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
 from yolov5_smddp.data.synthetic import DATASET_VERSION, make_default_dataset
-from yolov5_smddp.valshard import split_summary
 
 if TYPE_CHECKING:
     from yolov5_smddp.config import TrainConfig
@@ -126,7 +119,10 @@ def restart_cache(
     """With `--jpeg-restart-cache on` where tiles are region-decoded (mosaic with the release's sampling,
     no --cache): the restart-marker copies' cache under cache_dir, when its disk has room for them
     (data.restart_cache); else None. The main rank logs which."""
-    if config.jpeg_restart_cache != "on" or config.cache is not None or config.mosaic_partners != "random":
+    regions = decodes_regions(
+        augment=True, cached=config.cache is not None, mosaic_partners=config.mosaic_partners
+    )
+    if config.jpeg_restart_cache != "on" or not regions:
         return None
     cache, line = restart_cache_for(cache_dir, list(bundle.train_index.images))
     if main:
@@ -148,6 +144,15 @@ def build_loaders(
     `color_on_device`: the train items leave HSV and flips to the device batch; `cache_dir`: where
     `--cache disk` keeps the decoded images. DataError when the training set cannot fill one batch per
     rank, or the cache folder cannot hold the decoded images."""
+    # torch, imported here: the SageMaker driver scans (`scan_split`) before any worker imports torch
+    from yolov5_smddp.data.loader import (
+        build_dataloader,
+        build_val_loader,
+        check_batch_fits,
+        num_workers_per_rank,
+    )
+    from yolov5_smddp.valshard import split_summary
+
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
     train_pixels, val_pixels = disk_caches(config, bundle, cache_dir, main=info.rank == 0)
