@@ -119,6 +119,21 @@ class Hyp:
     def keys(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, float]) -> Hyp:
+        """The typed form of a full key: value mapping (`load_hyp`'s, a checkpoint's "hyp"): the boundary
+        between the user-facing format and the code, which reads attributes. ConfigError naming the
+        missing or unknown keys."""
+        missing = [k for k in cls.keys() if k not in values]
+        unknown = sorted(set(values) - set(cls.keys()))
+        if missing or unknown:
+            raise ConfigError(f"hyperparameters: missing keys {missing}, unknown keys {unknown}")
+        return cls(**{k: float(values[k]) for k in cls.keys()})
+
+    def to_dict(self) -> dict[str, float]:
+        """The key: value mapping, in declaration order (what checkpoints, config.json and MLflow record)."""
+        return {k: getattr(self, k) for k in self.keys()}
+
 
 HYP_RANGES: dict[str, tuple[float, float]] = {f.name: f.metadata["range"] for f in dataclasses.fields(Hyp)}
 """Allowed closed range per hyperparameter key (from `Hyp`)."""

@@ -5,6 +5,8 @@ their steps from here, so a benchmark times exactly what training runs."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +14,10 @@ import torch
 from torch import nn
 
 from yolov5_smddp import distributed
+from yolov5_smddp.config import Hyp
 from yolov5_smddp.ema import ModelEMA
 from yolov5_smddp.engine import NOMINAL_BATCH, AmpPolicy, accumulation
-from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.loss import LossHyp, YoloLoss
 
 
 def build_optimizer(
@@ -72,17 +75,17 @@ def freeze_layers(model: nn.Module, layers: list[int]) -> int:
     return frozen
 
 
-def scale_weight_decay(hyp: dict[str, float], global_batch: int, accumulate: int) -> dict[str, float]:
+def scale_weight_decay(hyp: Hyp, global_batch: int, accumulate: int) -> Hyp:
     """A copy of `hyp` with weight_decay scaled by the images per optimizer step / the nominal 64."""
-    return {**hyp, "weight_decay": hyp["weight_decay"] * global_batch * accumulate / NOMINAL_BATCH}
+    return dataclasses.replace(hyp, weight_decay=hyp.weight_decay * global_batch * accumulate / NOMINAL_BATCH)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingStack:
     """What the steps of a run need besides the model and the data; the trainer and `bench train` build it
     with `build_training_stack`, so a benchmark times exactly what training runs."""
 
-    hyp: dict[str, float]
+    hyp: Hyp
     """the run's hyperparameters: weight_decay scaled to the global batch (as checkpoints record them)."""
     accumulate: int
     criterion: YoloLoss
@@ -93,7 +96,7 @@ class TrainingStack:
 
 def build_training_stack(
     model: nn.Module,
-    hyp: dict[str, float],
+    hyp: Hyp | Mapping[str, float],
     *,
     nc: int,
     imgsz: int,
@@ -103,15 +106,16 @@ def build_training_stack(
     label_smoothing: float = 0.0,
 ) -> TrainingStack:
     """Loss (gains scaled to layers, classes and image size; label smoothing), EMA, optimizer groups (weight
-    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device)."""
+    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device).
+    `hyp`: the run's, or a hyp YAML's key: value mapping (`load_hyp`), converted here."""
     accumulate = accumulation(global_batch)
-    hyp = scale_weight_decay(hyp, global_batch, accumulate)
-    loss_hyp = {**scale_loss_gains(hyp, model.detect.nl, nc, imgsz), "label_smoothing": label_smoothing}
+    hyp = scale_weight_decay(hyp if isinstance(hyp, Hyp) else Hyp.from_dict(hyp), global_batch, accumulate)
+    loss_hyp = LossHyp.for_model(hyp, nl=model.detect.nl, nc=nc, imgsz=imgsz, label_smoothing=label_smoothing)
     return TrainingStack(
         hyp=hyp,
         accumulate=accumulate,
         criterion=YoloLoss(model, loss_hyp),
         ema=ModelEMA(model),
-        optimizer=build_optimizer(model, optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"]),
+        optimizer=build_optimizer(model, optimizer, hyp.lr0, hyp.momentum, hyp.weight_decay),
         scaler=amp.make_scaler(),
     )

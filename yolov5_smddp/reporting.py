@@ -162,14 +162,14 @@ def write_final_outputs(
     if best_path.is_file():
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
         weights_from = "best"
-    meta = {"train_config": config.to_dict(), "hyp": run.hyp, "epochs_trained": len(state.history)}
+    meta = {"train_config": config.to_dict(), "hyp": run.hyp.to_dict(), "epochs_trained": len(state.history)}
     save_weights(dirs.model_dir / "best.pt", ema.module, meta=meta, half=True)
     write_handler(dirs.model_dir)
     write_json(
         dirs.model_dir / "config.json",
         {
             "train_config": config.to_dict(),
-            "hyp": run.hyp,
+            "hyp": run.hyp.to_dict(),
             "names": list(unwrap(run.model).names),
             "world_size": info.world_size,
         },

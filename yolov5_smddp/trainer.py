@@ -34,6 +34,7 @@ from yolov5_smddp import checkpoint, data_pipeline, distributed, mlflow_log, plo
 from yolov5_smddp.budget import TimeBudget, counting_clock
 from yolov5_smddp.config import (
     BatchPlan,
+    Hyp,
     OutputDirs,
     TrainConfig,
     check_freeze,
@@ -89,7 +90,7 @@ def seed_everything(seed: int) -> None:
 class Decisions:
     """What a run decides before any work (every config problem fails while deciding)."""
 
-    hyp: dict[str, float]
+    hyp: Hyp
     plan: BatchPlan
     backend: str
     device_type: str
@@ -100,7 +101,7 @@ class Decisions:
 
 def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
     """Hyperparameters, batch split, backend/device and precision; a bad --cfg/--weights fails here too."""
-    hyp = load_hyp(config.hyp, config.hyp_overrides)
+    hyp = load_hyp(config.hyp, config.hyp_overrides)  # the YAML's key: value form, typed below
     if info.rank == 0:
         for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
             log.warning("%s", warning)
@@ -120,7 +121,8 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
         raise ConfigError(f"--weights {config.weights}: no such file")
     from yolov5_smddp.data.color import runs_on_device
 
-    return Decisions(hyp, plan, backend, device_type, amp, runs_on_device(config.color_aug, device_type))
+    color_on_device = runs_on_device(config.color_aug, device_type)
+    return Decisions(Hyp.from_dict(hyp), plan, backend, device_type, amp, color_on_device)
 
 
 def build_detection_model(
@@ -208,7 +210,7 @@ class Run:
         return self.info.rank == 0
 
     @property
-    def hyp(self) -> dict[str, float]:
+    def hyp(self) -> Hyp:
         return self.stack.hyp
 
     def settings_for(self, epoch: int):
@@ -241,7 +243,7 @@ class Run:
             **state.to_checkpoint(),
             "rng": checkpoint.capture_rng_state(),
             "config": self.config.to_dict(),
-            "hyp": self.hyp,
+            "hyp": self.hyp.to_dict(),
             "world_size": self.info.world_size,
             "global_batch": self.plan.global_batch,
         }
@@ -577,7 +579,9 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
 
     # -- the epochs, then the final outputs on rank 0
     tracking = (
-        mlflow_log.start({**config.to_dict(), "hyp": run.hyp}, run_name=config.run_name) if run.main else None
+        mlflow_log.start({**config.to_dict(), "hyp": run.hyp.to_dict()}, run_name=config.run_name)
+        if run.main
+        else None
     )
     # after a SIGTERM too, rank 0 writes the model folder (best so far) within the 120 s before SIGKILL,
     # while the other ranks wait in the barrier
@@ -606,7 +610,7 @@ def build_run(
         config,
         bundle,
         device,
-        anchor_t=decided.hyp["anchor_t"],
+        anchor_t=decided.hyp.anchor_t,
         resume_cfg=saved.get("model_cfg") if saved is not None else None,
     )
     stack = build_training_stack(
@@ -623,7 +627,7 @@ def build_run(
     train_loader, val_loader, workers = data_pipeline.build_loaders(
         config,
         bundle,
-        stack.hyp,
+        stack.hyp.to_dict(),  # data/ takes the plain key: value form
         decided.plan.per_rank,
         info,
         int(model.stride.max()),
@@ -642,7 +646,7 @@ def build_run(
         device,
         model,
         stack,
-        warmup_iters=max(round(stack.hyp["warmup_epochs"] * len(train_loader)), MIN_WARMUP_ITERS),
+        warmup_iters=max(round(stack.hyp.warmup_epochs * len(train_loader)), MIN_WARMUP_ITERS),
         batches_per_epoch=len(train_loader),
         planned=PlannedEpochs(int(planned or config.epochs)),
     )
