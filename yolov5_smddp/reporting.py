@@ -1,5 +1,11 @@
 """What a run reports: results.csv and JSON files, TensorBoard, the per-epoch results row and metric
-line, the final per-class table, and the model folder written after the last epoch (or a SIGTERM)."""
+line, the final per-class table, and the model folder written after the last epoch (or a SIGTERM).
+
+Outputs: `model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json`
+(resolved config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput),
+`model_dir/best.torchscript` (+ `best.onnx`) and `model_dir/code/inference.py` (see serving);
+`output_dir/results.csv` (one row per epoch) and the plots (see plots; not with --noplots).
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""The training loop, top to bottom: decide (batch split, backend, precision) → data (scanned on every
-rank before the process group exists, so no rank waits in a collective while another scans) → process
-group → model, EMA, optimizer groups → resume → epochs (train, validate the EMA — every rank its shard,
-metrics on rank 0 — checkpoint, early stop agreed by broadcast) → best.pt re-validated (its numbers are
-`final`) → final outputs on rank 0.
-
-Outputs: `checkpoint_dir/{last,best}.pt` (training checkpoints, see checkpoint.py);
-`model_dir/best.pt` (the best EMA weights in our format, float16), `model_dir/config.json` (resolved
-config and hyperparameters), `model_dir/metrics.json` (final metrics and throughput),
-`model_dir/best.torchscript` (+ `best.onnx`) and `model_dir/code/inference.py` (see serving);
-`output_dir/results.csv` (one row per epoch) and the plots (see plots; not with --noplots).
+"""The training run, top to bottom: resumable checkpoint → decide (decisions.py: hyperparameters, batch
+split, backend, precision) → data (data_pipeline.py; scanned on every rank before the process group
+exists, so no rank waits in a collective while another scans) → process group → the Run (model, the
+optimiser recipe of optim_recipe.py, SyncBatchNorm, loaders) → resume (resumption.py) → epochs (train,
+validate the EMA — every rank its shard, metrics on rank 0 — checkpoint, early stop agreed by
+broadcast) → best.pt re-validated (its numbers are `final`) → the model folder on rank 0 (reporting.py,
+which lists the outputs). Checkpoints: `checkpoint_dir/{last,best}.pt` (see checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,17 +28,9 @@ from torch import nn
 
 from yolov5_smddp import checkpoint, data_pipeline, distributed, mlflow_log, plots, reporting
 from yolov5_smddp.budget import TimeBudget, counting_clock
-from yolov5_smddp.config import (
-    BatchPlan,
-    Hyp,
-    OutputDirs,
-    TrainConfig,
-    check_freeze,
-    load_hyp,
-    plan_batch,
-    unused_hyp_warnings,
-)
+from yolov5_smddp.config import BatchPlan, Hyp, OutputDirs, TrainConfig, check_freeze
 from yolov5_smddp.data_pipeline import DataBundle
+from yolov5_smddp.decisions import Decisions, decide
 from yolov5_smddp.ema import unwrap
 from yolov5_smddp.engine import (
     AmpPolicy,
@@ -51,15 +39,13 @@ from yolov5_smddp.engine import (
     accumulation,
     compile_plan,
     evaluate,
-    resolve_amp,
     step_settings,
     train_one_epoch,
 )
-from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
+from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.metrics import DetectionMetrics
 from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
 from yolov5_smddp.models.initial import initial_model
-from yolov5_smddp.models.yolo import load_model_config
 from yolov5_smddp.optim_recipe import (
     TrainingStack,
     build_training_stack,
@@ -84,45 +70,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@dataclass(frozen=True)
-class Decisions:
-    """What a run decides before any work (every config problem fails while deciding)."""
-
-    hyp: Hyp
-    plan: BatchPlan
-    backend: str
-    device_type: str
-    amp: AmpPolicy
-    color_on_device: bool = False
-    """HSV jitter and flips on the device batch (`--color-aug`), not in the loader workers."""
-
-
-def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
-    """Hyperparameters, batch split, backend/device and precision; a bad --cfg/--weights fails here too."""
-    hyp = load_hyp(config.hyp, config.hyp_overrides)  # the YAML's key: value form, typed below
-    if info.rank == 0:
-        for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
-            log.warning("%s", warning)
-    plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
-    cuda = torch.cuda.is_available()
-    backend, device_type = distributed.resolve(config.backend, info, cuda)
-    amp = resolve_amp(
-        config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
-    )
-    if info.rank == 0:
-        log.info("amp %s: %s", amp.mode, amp.reason)
-    if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
-        raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
-    if config.cfg:
-        load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
-    if config.weights and not Path(config.weights).is_file():
-        raise ConfigError(f"--weights {config.weights}: no such file")
-    from yolov5_smddp.data.color import runs_on_device
-
-    color_on_device = runs_on_device(config.color_aug, device_type)
-    return Decisions(Hyp.from_dict(hyp), plan, backend, device_type, amp, color_on_device)
 
 
 def build_detection_model(

@@ -13,6 +13,7 @@ from yolov5_smddp.config import (
     RESUME_FROM_COMMAND,
     OutputDirs,
     TrainConfig,
+    load_hyp,
     parse_train_args,
     resolve_output_dirs,
     resume_run,
@@ -41,7 +42,7 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "o
     model.names = list(names)
     stack = trainer.build_training_stack(
         model,
-        trainer.load_hyp("scratch-low"),
+        load_hyp("scratch-low"),
         nc=len(names),
         imgsz=64,
         global_batch=8,
