@@ -199,11 +199,12 @@ class Run:
         return checkpoint.save_checkpoint(self.dirs.checkpoint_dir, self.checkpoint(state), best=best)
 
 
-def with_sync_batchnorm(model: nn.Module, config: TrainConfig, info: distributed.DistInfo) -> nn.Module:
+def with_sync_batchnorm(
+    model: nn.Module, config: TrainConfig, info: distributed.DistInfo, device: torch.device
+) -> nn.Module:
     """--sync-bn on several CUDA ranks: the model with SyncBatchNorm layers (sharing the parameters and
     running statistics of `model`, so its EMA and optimizer, built before, still hold them); else `model`."""
-    cuda = next(model.parameters()).device.type == "cuda"
-    if config.sync_bn and info.world_size > 1 and cuda:
+    if config.sync_bn and info.world_size > 1 and device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
 
@@ -570,7 +571,7 @@ def build_run(
         optimizer=config.optimizer,
         label_smoothing=config.label_smoothing,
     )
-    model = with_sync_batchnorm(model, config, info)
+    model = with_sync_batchnorm(model, config, info, device)
     train_loader, val_loader, workers = data_pipeline.build_loaders(
         config,
         bundle,

@@ -25,6 +25,7 @@ from yolov5_smddp.engine import AmpPolicy
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.weights import load_model, load_weights, save_weights
 from yolov5_smddp.models.yolo import build_model
+from yolov5_smddp.optim_recipe import build_training_stack
 
 ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
 
@@ -40,7 +41,7 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "o
     gives it an enabled loss scaler (torch's GradScaler works on CPU too)."""
     model = build_model("yolov5n", nc=len(names))
     model.names = list(names)
-    stack = trainer.build_training_stack(
+    stack = build_training_stack(
         model,
         load_hyp("scratch-low"),
         nc=len(names),
