@@ -180,6 +180,31 @@ def write_final_outputs(
             "world_size": info.world_size,
         },
     )
+    summary = metrics_summary(
+        run, state, outcome, wall_seconds=time.perf_counter() - started, weights_from=weights_from
+    )
+    write_json(dirs.model_dir / "metrics.json", summary)
+    # best.torchscript (+ best.onnx): seconds of CPU work, while the other ranks wait in the final barrier
+    # (its timeout is --dist-timeout, 1800 s by default); after a SIGTERM only while the window allows
+    write_serving_files(dirs.model_dir, ema.module, config.imgsz, time_left=time_left)
+    if outcome.stopped is not None:
+        log.info(
+            "model folder written after the SIGTERM %s: %s (best.pt: %s weights)",
+            outcome.stopped,
+            dirs.model_dir,
+            weights_from,
+        )
+    log.info("%s: %s", "done" if outcome.stopped is None else "stopped", json.dumps(summary["final"]))
+
+
+def metrics_summary(
+    run: Run, state: checkpoint.RunState, outcome: EpochsOutcome, *, wall_seconds: float, weights_from: str
+) -> dict[str, Any]:
+    """metrics.json: the final metrics (overall and per class), the best epoch's row, the epochs, the
+    mean throughput over the epochs (all ranks, per GPU, data wait) and peak memory, the wall time,
+    where best.pt's weights come from ("best" checkpoint or "last" EMA) and whether a SIGTERM stopped
+    the run (where)."""
+    info, dirs = run.info, run.dirs
     history, throughputs = state.history, outcome.throughputs
     best_row = max((r for r in history if "fitness" in r), key=lambda r: r["fitness"], default=None)
     rates = [t["samples_per_sec"] for t in throughputs]
@@ -199,22 +224,11 @@ def write_final_outputs(
             "data_wait": float(np.mean([t["data_wait"] for t in throughputs])) if throughputs else None,
             "peak_mem_gb": peak_memory_gb(run.device),
         },
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": wall_seconds,
         "weights": str(dirs.model_dir / "best.pt"),
         "weights_precision": "float16",
         "weights_from": weights_from,
         "interrupted": outcome.stopped is not None,
         "stopped": outcome.stopped,
     }
-    write_json(dirs.model_dir / "metrics.json", summary)
-    # best.torchscript (+ best.onnx): seconds of CPU work, while the other ranks wait in the final barrier
-    # (its timeout is --dist-timeout, 1800 s by default); after a SIGTERM only while the window allows
-    write_serving_files(dirs.model_dir, ema.module, config.imgsz, time_left=time_left)
-    if outcome.stopped is not None:
-        log.info(
-            "model folder written after the SIGTERM %s: %s (best.pt: %s weights)",
-            outcome.stopped,
-            dirs.model_dir,
-            weights_from,
-        )
-    log.info("%s: %s", "done" if outcome.stopped is None else "stopped", json.dumps(summary["final"]))
+    return summary
