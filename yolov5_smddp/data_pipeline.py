@@ -145,13 +145,7 @@ def build_loaders(
     `--cache disk` keeps the decoded images. DataError when the training set cannot fill one batch per
     rank, or the cache folder cannot hold the decoded images."""
     # torch, imported here: the SageMaker driver scans (`scan_split`) before any worker imports torch
-    from yolov5_smddp.data.loader import (
-        build_dataloader,
-        build_val_loader,
-        check_batch_fits,
-        num_workers_per_rank,
-    )
-    from yolov5_smddp.valshard import split_summary
+    from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
@@ -181,7 +175,25 @@ def build_loaders(
         seed=config.seed,
         drop_last=False,  # the release's: each epoch sees every image (last batch may be partial)
     )
-    # every rank validates its shard of whole batches
+    val_loader = val_shard_loader(config, bundle, hyp, per_rank, info, stride, workers, val_pixels)
+    return train_loader, val_loader, workers
+
+
+def val_shard_loader(
+    config: TrainConfig,
+    bundle: DataBundle,
+    hyp: dict,
+    per_rank: int,
+    info,
+    stride: int,
+    workers: int,
+    val_pixels: DiskPixelCache | None,
+):
+    """The val loader of this rank: its shard of whole batches of 2 x `per_rank` images (valshard; one
+    log line on rank 0 says the split)."""
+    from yolov5_smddp.data.loader import build_val_loader  # torch (see build_loaders)
+    from yolov5_smddp.valshard import split_summary
+
     val_batch = per_rank * 2
     val_loader = build_val_loader(
         bundle.val_index,
@@ -196,4 +208,4 @@ def build_loaders(
     )
     if info.rank == 0:
         log.info("val: %s", split_summary(len(val_loader.dataset), val_batch, info.world_size))
-    return train_loader, val_loader, workers
+    return val_loader
