@@ -35,7 +35,7 @@ def _step_for(model, device, amp, batch: int, imgsz: int, world: int, ddp: bool)
     from yolov5_smddp.benchmarks.train import bench_training_stack
     from yolov5_smddp.config import load_hyp
     from yolov5_smddp.engine import TrainStep
-    from yolov5_smddp.trainer import wrap_ddp
+    from yolov5_smddp.optim_recipe import wrap_ddp
 
     stack = bench_training_stack(
         model, load_hyp("scratch-low"), nc=NC, imgsz=imgsz, batch=batch * world, amp=amp

@@ -61,7 +61,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "trainer-passes-no-world-size",
         "the trainer builds its step with loss multiplier 1 under DDP",
-        "yolov5_smddp/trainer.py",
+        "yolov5_smddp/optim_recipe.py",
         "    return float(info.world_size) if info.distributed else 1.0",
         "    return 1.0",
         (
@@ -130,7 +130,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "sigterm-ignored",
         "the trainer ignores SIGTERM (spot interruption, StopTrainingJob): no checkpoint, no exit 143",
-        "yolov5_smddp/trainer.py",
+        "yolov5_smddp/stop_signal.py",
         "self._previous = signal.signal(signal.SIGTERM, self._handle)",
         "self._previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)",
         ("tests/integration/test_train_end_to_end.py", "-k", "sigterm_after_epoch_1"),

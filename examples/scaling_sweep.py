@@ -32,7 +32,7 @@ from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.job import JobSpec, pytorch_estimator_kwargs
 
 METRICS_FILE = "metrics.json"
-DEFAULT_THROUGHPUT_KEY = "throughput.samples_per_sec"  # written by trainer.write_final_outputs
+DEFAULT_THROUGHPUT_KEY = "throughput.samples_per_sec"  # written by reporting.write_final_outputs
 MAX_BASE_JOB_NAME = 32  # the SDK appends "-YYYY-MM-DD-HH-MM-SS-mmm" (24 chars); job names are <= 63
 
 

@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -120,6 +119,21 @@ class Hyp:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, float]) -> Hyp:
+        """The typed form of a full key: value mapping (`load_hyp`'s, a checkpoint's "hyp"): the boundary
+        between the user-facing format and the code, which reads attributes. ConfigError naming the
+        missing or unknown keys."""
+        missing = [k for k in cls.keys() if k not in values]
+        unknown = sorted(set(values) - set(cls.keys()))
+        if missing or unknown:
+            raise ConfigError(f"hyperparameters: missing keys {missing}, unknown keys {unknown}")
+        return cls(**{k: float(values[k]) for k in cls.keys()})
+
+    def to_dict(self) -> dict[str, float]:
+        """The key: value mapping, in declaration order (what checkpoints, config.json and MLflow record)."""
+        return {k: getattr(self, k) for k in self.keys()}
 
 
 HYP_RANGES: dict[str, tuple[float, float]] = {f.name: f.metadata["range"] for f in dataclasses.fields(Hyp)}
@@ -885,11 +899,10 @@ def resolve_output_dirs(
     The run folder: with --resume, the resumed run's (the checkpoint's folder's parent when that folder is
     `checkpoints`, else the checkpoint's folder); else `run_folder` of --project/--name under `cwd`. Every
     rank resolves it before the process group forms, so all of them find the same free name (rank 0 makes
-    the folders later). The cache folder defaults to the user's (`data.cache.default_cache_dir` of
+    the folders later). The cache folder: `data.cache.choose_cache_dir` (--cache-dir, else the user's of
     `environ`, default os.environ, and `home`)."""
-    from yolov5_smddp.data.cache import default_cache_dir
+    from yolov5_smddp.data.cache import choose_cache_dir
 
-    cache = default_cache_dir(os.environ if environ is None else environ, home or Path.home())
     resumed = resume_source(config, cwd)
     if resumed is not None:
         checkpoints = resumed.parent
@@ -905,7 +918,7 @@ def resolve_output_dirs(
         model_dir=given_or(config.model_dir, run / "model"),
         output_dir=given_or(config.output_dir, run / "output"),
         checkpoint_dir=given_or(config.checkpoint_dir, checkpoints),
-        cache_dir=given_or(config.cache_dir, cache),
+        cache_dir=choose_cache_dir(config.cache_dir, environ=environ, home=home),
         tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
         resume_from=resumed,
     )

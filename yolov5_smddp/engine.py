@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from yolov5_smddp import distributed
 from yolov5_smddp.boxes import scale_boxes, xywh_to_xyxy
+from yolov5_smddp.config import Hyp
 from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.ema import ModelEMA, unwrap
 from yolov5_smddp.errors import ConfigError, UserError
@@ -283,7 +284,7 @@ def step_settings(
     epochs: int,
     warmup_iters: int,
     batches_per_epoch: int,
-    hyp: dict,
+    hyp: Hyp | Mapping[str, float],
     cosine: bool,
     global_batch: int,
 ) -> StepSettings:
@@ -298,17 +299,17 @@ def step_settings(
     lr_factor(scheduled_epoch(...)): one epoch behind after the epoch where warmup ends, as the
     release's scheduler runs.
     """
+    if not isinstance(hyp, Hyp):  # a hyp YAML's or checkpoint's mapping
+        hyp = Hyp.from_dict(hyp)
     if iteration >= warmup_iters:
         at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
-        lr = hyp["lr0"] * lr_factor(at, epochs, hyp["lrf"], cosine)
-        return StepSettings(
-            {"bias": lr, "weight": lr, "norm": lr}, hyp["momentum"], accumulation(global_batch)
-        )
-    lr = hyp["lr0"] * lr_factor(epoch, epochs, hyp["lrf"], cosine)
+        lr = hyp.lr0 * lr_factor(at, epochs, hyp.lrf, cosine)
+        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp.momentum, accumulation(global_batch))
+    lr = hyp.lr0 * lr_factor(epoch, epochs, hyp.lrf, cosine)
     t = iteration / warmup_iters
-    bias = hyp["warmup_bias_lr"] + t * (lr - hyp["warmup_bias_lr"])
+    bias = hyp.warmup_bias_lr + t * (lr - hyp.warmup_bias_lr)
     other = t * lr
-    momentum = hyp["warmup_momentum"] + t * (hyp["momentum"] - hyp["warmup_momentum"])
+    momentum = hyp.warmup_momentum + t * (hyp.momentum - hyp.warmup_momentum)
     # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
     accumulate = max(1, round((NOMINAL_BATCH / global_batch - 1) / warmup_iters * iteration + 1))
     return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)

@@ -8,11 +8,19 @@ from the device.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from yolov5_smddp.boxes import complete_iou
+
+if TYPE_CHECKING:
+    from yolov5_smddp.config import Hyp
 
 # Objectness weight per output level (P3, P4, P5): small strides see many more negative cells.
 OBJ_BALANCE = {3: (4.0, 1.0, 0.4)}
@@ -25,7 +33,7 @@ HYP_DEFAULTS = {"label_smoothing": 0.0, "anchor_t": 4.0, "obj_pw": 1.0, "cls_pw"
 FOCAL_ALPHA = 0.25
 
 
-def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
+def scale_loss_gains(hyp: Mapping[str, float], nl: int, nc: int, imgsz: int) -> dict[str, float]:
     """A copy of `hyp` with the box/cls/obj gains rescaled from the reference setting (3 levels, 80
     classes, 640 px): box *= 3/nl, cls *= nc/80 * 3/nl, obj *= (imgsz/640)^2 * 3/nl."""
     scaled = dict(hyp)
@@ -33,6 +41,41 @@ def scale_loss_gains(hyp: dict, nl: int, nc: int, imgsz: int) -> dict:
     scaled["cls"] = hyp["cls"] * nc / 80 * 3 / nl
     scaled["obj"] = hyp["obj"] * (imgsz / 640) ** 2 * 3 / nl
     return scaled
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossHyp:
+    """What the loss reads of the hyperparameters: the box/obj/cls gains, already scaled to the model
+    (`scale_loss_gains`), the anchor-multiple threshold, the focal gamma, the BCE positive weights and
+    the label smoothing (the optional ones default to HYP_DEFAULTS)."""
+
+    box: float
+    obj: float
+    cls: float
+    anchor_t: float = HYP_DEFAULTS["anchor_t"]
+    fl_gamma: float = HYP_DEFAULTS["fl_gamma"]
+    obj_pw: float = HYP_DEFAULTS["obj_pw"]
+    cls_pw: float = HYP_DEFAULTS["cls_pw"]
+    label_smoothing: float = HYP_DEFAULTS["label_smoothing"]
+
+    @classmethod
+    def from_mapping(cls, hyp: Mapping[str, float]) -> LossHyp:
+        """From a key: value mapping holding scaled gains (other keys are not the loss's: left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: float(v) for k, v in hyp.items() if k in names})
+
+    @classmethod
+    def for_model(cls, hyp: Hyp, *, nl: int, nc: int, imgsz: int, label_smoothing: float) -> LossHyp:
+        """The run's hyperparameters with the gains scaled to `nl` levels, `nc` classes and `imgsz` px."""
+        gains = scale_loss_gains({"box": hyp.box, "obj": hyp.obj, "cls": hyp.cls}, nl, nc, imgsz)
+        return cls(
+            **gains,
+            anchor_t=hyp.anchor_t,
+            fl_gamma=hyp.fl_gamma,
+            obj_pw=hyp.obj_pw,
+            cls_pw=hyp.cls_pw,
+            label_smoothing=label_smoothing,
+        )
 
 
 def _bce(logits: torch.Tensor, target: torch.Tensor, pos_weight: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -77,16 +120,16 @@ class YoloLoss:
     targets: [n, 6] rows (image index, class, xc, yc, w, h), normalised to the network input; rows with
     image index -1 are padding (`pad_targets`) and change nothing.
     loss: [1] = (box * lbox + obj * lobj + cls * lcls) * B; items: detached [3] = (box, obj, cls) parts.
-    `hyp` holds already-scaled gains `box`, `obj`, `cls` and optionally label_smoothing, anchor_t, obj_pw,
-    cls_pw, fl_gamma (see HYP_DEFAULTS).
+    `hyp`: a LossHyp (already-scaled gains `box`, `obj`, `cls`; anchor_t, fl_gamma, obj_pw, cls_pw,
+    label_smoothing), or a key: value mapping of them, converted here (missing optional keys: HYP_DEFAULTS).
 
     All levels are handled at once (one assignment, one CIoU, one objectness BCE, one class BCE over
     every level's candidates): the operator count of a step does not grow with the levels.
     """
 
-    def __init__(self, model: nn.Module, hyp: dict) -> None:
+    def __init__(self, model: nn.Module, hyp: LossHyp | Mapping[str, float]) -> None:
         detect = model.detect
-        hyp = {**HYP_DEFAULTS, **hyp}
+        hyp = hyp if isinstance(hyp, LossHyp) else LossHyp.from_mapping(hyp)
         if not 1 <= detect.nl <= len(OBJ_BALANCE_OTHER):
             raise ValueError(f"YoloLoss: no objectness balance for {detect.nl} output levels")
         device = detect.anchors.device
@@ -94,13 +137,13 @@ class YoloLoss:
         self.anchors = detect.anchors.detach().float()  # [nl, na, 2] grid units
         self.balance = OBJ_BALANCE.get(detect.nl, OBJ_BALANCE_OTHER[: detect.nl])
         self._balance = torch.tensor(self.balance, device=device)  # [nl], weighting the per-level means
-        self.gains = (float(hyp["box"]), float(hyp["obj"]), float(hyp["cls"]))
-        self.anchor_t = float(hyp["anchor_t"])
-        self.gamma = float(hyp["fl_gamma"])
-        eps = float(hyp["label_smoothing"])
+        self.gains = (hyp.box, hyp.obj, hyp.cls)
+        self.anchor_t = hyp.anchor_t
+        self.gamma = hyp.fl_gamma
+        eps = hyp.label_smoothing
         self.cls_pos, self.cls_neg = 1.0 - 0.5 * eps, 0.5 * eps
-        self.obj_pw = torch.tensor([float(hyp["obj_pw"])], device=device)
-        self.cls_pw = torch.tensor([float(hyp["cls_pw"])], device=device)
+        self.obj_pw = torch.tensor([hyp.obj_pw], device=device)
+        self.cls_pw = torch.tensor([hyp.cls_pw], device=device)
         self.offsets = CELL_OFFSETS.to(device)
         self._layouts: dict[tuple, _Layout] = {}
 

@@ -67,7 +67,7 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     from yolov5_smddp.data.loader import collate
     from yolov5_smddp.engine import AmpPolicy, TrainStep, apply_settings, step_settings
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.trainer import build_training_stack
+    from yolov5_smddp.optim_recipe import build_training_stack
 
     torch.manual_seed(0)
     ds, cfg = _our_dataset(args.data, args.imgsz, hyp, tmp)

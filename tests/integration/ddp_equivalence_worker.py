@@ -36,7 +36,7 @@ from yolov5_smddp.config import load_hyp
 from yolov5_smddp.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import build_optimizer, loss_multiplier, wrap_ddp
+from yolov5_smddp.optim_recipe import build_optimizer, loss_multiplier, wrap_ddp
 
 IMGSZ, PER_RANK, NC = 64, 4, 3
 SHARDS, ACCUMULATE, OPTIMIZER_STEPS = 2, 2, 3

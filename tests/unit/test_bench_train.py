@@ -212,7 +212,7 @@ def test_bench_and_trainer_build_the_same_training_stack():
     from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
     from yolov5_smddp.engine import resolve_amp
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.trainer import build_training_stack
+    from yolov5_smddp.optim_recipe import build_training_stack
 
     hyp = load_hyp("scratch-low")
     amp = resolve_amp("off", "cpu", None)

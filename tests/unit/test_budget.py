@@ -66,11 +66,13 @@ def test_the_checkpoint_keeps_the_seconds_used_and_the_plan():
 def test_the_learning_rate_decays_over_the_planned_epochs():
     hyp = load_hyp("scratch-low")
     config = TrainConfig(epochs=100, time=1.0)
-    run = Run(config, None, None, BatchPlan(64, 64), None, None, None, SimpleNamespace(hyp=hyp))
-    run.warmup_iters, run.batches_per_epoch = 100, 50
+    stack = SimpleNamespace(hyp=hyp)
+    run = Run(
+        config, None, None, BatchPlan(64, 64), None, None, None, stack, warmup_iters=100, batches_per_epoch=50
+    )
     assert run.epochs == 100
     before = run.settings_for(6)(300).lrs["weight"]
-    run.epochs = 10  # the budget's plan
+    run.planned.count = 10  # the budget's plan (the one part of a Run that changes)
     after = run.settings_for(6)(300).lrs["weight"]
     assert before == pytest.approx(hyp["lr0"] * lr_factor(5, 100, hyp["lrf"], False))
     assert after == pytest.approx(hyp["lr0"] * lr_factor(5, 10, hyp["lrf"], False))

@@ -137,6 +137,42 @@ def test_hyp_keys_are_declared_once():
     assert HYP_RANGES["perspective"] == (0.0, 0.001) and HYP_RANGES["anchor_t"] == (1.0, 100.0)
 
 
+def test_hyp_is_typed_and_frozen_and_converts_at_the_boundary():
+    """The code reads `Hyp` attributes; the YAML's, checkpoints' and config.json's key: value form
+    converts both ways unchanged (same keys, order and values); a mapping missing a key is refused."""
+    import dataclasses
+
+    from yolov5_smddp.config import Hyp
+
+    low = load_hyp("scratch-low", {"lr0": 0.02})
+    hyp = Hyp.from_dict(low)
+    assert (hyp.lr0, hyp.anchor_t, hyp.mosaic) == (0.02, 4.0, 1.0)
+    assert hyp.to_dict() == low and list(hyp.to_dict()) == list(low)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hyp.lr0 = 0.1
+    with pytest.raises(ConfigError, match=r"missing keys \['lrf'\], unknown keys \['lr1'\]"):
+        Hyp.from_dict({**{k: v for k, v in low.items() if k != "lrf"}, "lr1": 0.1})
+
+
+def test_the_run_reads_the_typed_hyp_and_its_checkpoint_keeps_the_mapping(tmp_path):
+    """build_training_stack types a hyp YAML's mapping once; the checkpoint records the plain mapping
+    (weight_decay scaled: 64 images per step at global batch 16 x 4 accumulated, so unchanged)."""
+    from yolov5_smddp.config import Hyp
+    from yolov5_smddp.engine import AmpPolicy
+    from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.optim_recipe import build_training_stack
+
+    low = load_hyp("scratch-low")
+    model = build_model("yolov5n", nc=2)
+    stack = build_training_stack(model, low, nc=2, imgsz=64, global_batch=16, amp=AmpPolicy("off", "cpu"))
+    assert isinstance(stack.hyp, Hyp) and stack.hyp.to_dict() == low
+    big = build_training_stack(model, low, nc=2, imgsz=64, global_batch=48, amp=AmpPolicy("off", "cpu"))
+    assert big.hyp.weight_decay == pytest.approx(low["weight_decay"] * 48 / 64)  # 48 images per step
+    assert {**big.hyp.to_dict(), "weight_decay": low["weight_decay"]} == low
+    # the loss got the gains scaled to 3 levels, 2 classes, 64 px
+    assert big.criterion.gains == pytest.approx((low["box"], low["obj"] * 0.01, low["cls"] * 2 / 80))
+
+
 def test_unused_hyperparameters_warn_only_when_set():
     from yolov5_smddp.config import unused_hyp_warnings
 

@@ -10,12 +10,12 @@ import sys
 import time
 
 from yolov5_smddp.errors import EXIT_INTERRUPTED
-from yolov5_smddp.trainer import STOP_WATCHDOG_S, STOP_WINDOW_S
+from yolov5_smddp.stop_signal import STOP_WATCHDOG_S, STOP_WINDOW_S
 
 SCRIPT = """
 import os, signal, sys, time
-from yolov5_smddp import trainer
-with trainer._StopOnSigterm(watchdog_s=0.5) as stop:
+from yolov5_smddp import stop_signal
+with stop_signal.StopOnSigterm(watchdog_s=0.5) as stop:
     print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: the same clock in the test's process
     os.kill(os.getpid(), signal.SIGTERM)
     if sys.argv[1] == "blocked":

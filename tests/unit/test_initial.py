@@ -172,7 +172,7 @@ def test_single_cls_makes_one_class_named_item(tmp_path):
     from easy_shapes import make_easy_dataset
 
     from yolov5_smddp.config import parse_train_args
-    from yolov5_smddp.trainer import scan_data
+    from yolov5_smddp.data_pipeline import scan_data
 
     data = make_easy_dataset(tmp_path / "d", n_train=12, n_val=4, seed=0)
     plain = scan_data(parse_train_args(["--data", str(data)]), tmp_path / "cache")

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolov5_smddp import checkpoint, trainer
+from yolov5_smddp import checkpoint, resumption, trainer
 from yolov5_smddp.config import (
     RESUME_FROM_COMMAND,
     OutputDirs,
     TrainConfig,
+    load_hyp,
     parse_train_args,
     resolve_output_dirs,
     resume_run,
@@ -24,6 +25,7 @@ from yolov5_smddp.engine import AmpPolicy
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.weights import load_model, load_weights, save_weights
 from yolov5_smddp.models.yolo import build_model
+from yolov5_smddp.optim_recipe import build_training_stack
 
 ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
 
@@ -39,9 +41,9 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "o
     gives it an enabled loss scaler (torch's GradScaler works on CPU too)."""
     model = build_model("yolov5n", nc=len(names))
     model.names = list(names)
-    stack = trainer.build_training_stack(
+    stack = build_training_stack(
         model,
-        trainer.load_hyp("scratch-low"),
+        load_hyp("scratch-low"),
         nc=len(names),
         imgsz=64,
         global_batch=8,
@@ -224,7 +226,7 @@ def test_resume_path_gives_the_runs_config_and_refuses_a_finished_run(tmp_path):
     data = _data(tmp_path / "ds")
     last = _checkpoint(tmp_path, ["--cfg", "yolov5n", "--data", str(data), "--epochs", "4", "--imgsz", "64"])
     argv = ["--resume", str(last), "--workers", "1"]
-    config, path, saved = trainer.resumable_checkpoint(parse_train_args(argv), _dirs(tmp_path, argv), True)
+    config, path, saved = resumption.resumable_checkpoint(parse_train_args(argv), _dirs(tmp_path, argv), True)
     assert (path, config.epochs, config.imgsz, config.data, config.workers, saved["epoch"]) == (
         last,
         4,
@@ -237,7 +239,7 @@ def test_resume_path_gives_the_runs_config_and_refuses_a_finished_run(tmp_path):
     with pytest.raises(
         ConfigError, match=r"that run has finished its 2 epochs, nothing to resume; .* --weights "
     ):
-        trainer.resumable_checkpoint(
+        resumption.resumable_checkpoint(
             parse_train_args(["--resume", str(done)]), _dirs(tmp_path, ["--resume", str(done)]), True
         )
 
@@ -246,20 +248,20 @@ def test_automatic_resume_never_replaces_an_explicit_cfg_weights_or_data(tmp_pat
     last = _checkpoint(tmp_path, ["--cfg", "yolov5n", "--epochs", "3"], folder="job")
     folder = str(last.parent)
     same = ["--checkpoint-dir", folder, "--cfg", "yolov5n", "--epochs", "3"]
-    config, path, saved = trainer.resumable_checkpoint(parse_train_args(same), _dirs(tmp_path, same), True)
+    config, path, saved = resumption.resumable_checkpoint(parse_train_args(same), _dirs(tmp_path, same), True)
     assert path == last and saved["epoch"] == 1
     other = ["--checkpoint-dir", folder, "--cfg", "yolov5s", "--epochs", "3"]
     with pytest.raises(ConfigError) as refused:
-        trainer.resumable_checkpoint(parse_train_args(other), _dirs(tmp_path, other), True)
+        resumption.resumable_checkpoint(parse_train_args(other), _dirs(tmp_path, other), True)
     assert str(refused.value) == (
         f"{last} holds a run with --cfg yolov5n, not --cfg yolov5s: to continue that run, --resume {last}; "
         "to start afresh, --exist-ok (overwrites its checkpoints) or another --checkpoint-dir"
     )
     weights = ["--checkpoint-dir", folder, "--weights", "w.pt"]
     with pytest.raises(ConfigError, match=r"holds a run with --weights \(none\), not --weights w.pt"):
-        trainer.resumable_checkpoint(parse_train_args(weights), _dirs(tmp_path, weights), True)
+        resumption.resumable_checkpoint(parse_train_args(weights), _dirs(tmp_path, weights), True)
     fresh = [*other, "--exist-ok"]
-    assert trainer.resumable_checkpoint(parse_train_args(fresh), _dirs(tmp_path, fresh), True)[1:] == (
+    assert resumption.resumable_checkpoint(parse_train_args(fresh), _dirs(tmp_path, fresh), True)[1:] == (
         None,
         None,
     )
@@ -304,37 +306,37 @@ def test_loss_scaler_state_across_amp_modes():
     assert bf16_state == {}
     # bf16 (or fp32) checkpoint resumed under fp16: the scale starts afresh (torch alone raises here)
     scaler = torch.amp.GradScaler("cpu", enabled=True)
-    assert trainer.restore_scaler(scaler, bf16_state) == (
+    assert resumption.restore_scaler(scaler, bf16_state) == (
         "amp: the checkpoint was trained without loss scaling (bf16 or fp32); fp16 starts its loss scale "
         "afresh at 65536"
     )
     assert scaler.get_scale() == 65536.0
     # fp16 -> fp16 keeps the scale; fp16 -> bf16 has none to keep
     kept = torch.amp.GradScaler("cpu", enabled=True)
-    assert trainer.restore_scaler(kept, fp16_state) is None and kept.get_scale() == 1024.0
+    assert resumption.restore_scaler(kept, fp16_state) is None and kept.get_scale() == 1024.0
     off = torch.amp.GradScaler("cpu", enabled=False)
     assert (
-        trainer.restore_scaler(off, fp16_state)
+        resumption.restore_scaler(off, fp16_state)
         == "amp: the checkpoint's fp16 loss scale 1024 is not needed now"
     )
-    assert trainer.restore_scaler(off, bf16_state) is None
+    assert resumption.restore_scaler(off, bf16_state) is None
 
 
 def test_a_bf16_run_resumes_under_fp16_and_back(tmp_path, caplog):
-    """trainer.resume itself: torch alone raises "The source state dict is empty" for the first case."""
+    """resumption.resume itself: torch alone raises "The source state dict is empty" for the first case."""
     bf16_last = _checkpoint(tmp_path, ["--cfg", "yolov5n", "--amp", "bf16"], folder="bf16")
     fp16 = _run(parse_train_args(["--amp", "fp16"]), tmp_path / "fp16", amp="fp16")
     with caplog.at_level("INFO", logger="yolov5_smddp"):
-        state = trainer.resume(fp16, bf16_last, checkpoint.load_checkpoint(bf16_last))
+        state = resumption.resume(fp16, bf16_last, checkpoint.load_checkpoint(bf16_last))
     assert state.epoch == 1 and fp16.stack.scaler.get_scale() == 65536.0
     assert "fp16 starts its loss scale afresh at 65536" in caplog.text
     fp16.stack.scaler.scale(torch.ones(()))  # the scale tensor exists from the first step on
     fp16.stack.scaler.update(512.0)
     fp16_last = fp16.save(checkpoint.RunState(epoch=2, iteration=20))
     bf16 = _run(parse_train_args(["--amp", "bf16"]), tmp_path / "bf16again", amp="bf16")
-    assert trainer.resume(bf16, fp16_last, checkpoint.load_checkpoint(fp16_last)).epoch == 2
+    assert resumption.resume(bf16, fp16_last, checkpoint.load_checkpoint(fp16_last)).epoch == 2
     fp16_again = _run(parse_train_args(["--amp", "fp16"]), tmp_path / "fp16again", amp="fp16")
-    trainer.resume(fp16_again, fp16_last, checkpoint.load_checkpoint(fp16_last))
+    resumption.resume(fp16_again, fp16_last, checkpoint.load_checkpoint(fp16_last))
     assert fp16_again.stack.scaler.get_scale() == 512.0
 
 

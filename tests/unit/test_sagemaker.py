@@ -253,6 +253,21 @@ def test_prepare_data_yaml_rebases_onto_the_channel(tmp_path):
     }
 
 
+def test_prepare_data_yaml_writes_under_the_given_cache_dir(tmp_path):
+    """--cache-dir given: the rebased data.yaml (and any COCO parse) goes there, not to the job's folder."""
+    base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1")
+    _write_dataset(base / "input" / "data" / "training")
+    env = read_environment(
+        {
+            "SAGEMAKER_BASE_DIR": str(base),
+            "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY": str(tmp_path / "warm"),
+        }
+    )
+    out = prepare_data_yaml(env, None, tmp_path / "mine")
+    assert out == tmp_path / "mine" / "data" / "data.yaml" and out.is_file()
+    assert not (tmp_path / "warm").exists()
+
+
 def test_prepare_data_yaml_errors_name_the_channel(tmp_path):
     base = _fake_opt_ml(tmp_path / "ml", hosts=("algo-1",), current="algo-1")
     channel = base / "input" / "data" / "training"

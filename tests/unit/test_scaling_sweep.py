@@ -129,7 +129,7 @@ def test_parse_hp(sweep):
 
 
 def test_default_key_reads_the_trainers_metrics_json(sweep):
-    # the shape trainer.write_final_outputs writes: throughput over all ranks under "throughput"
+    # the shape reporting.write_final_outputs writes: throughput over all ranks under "throughput"
     metrics = {
         "final": None,
         "world_size": 16,

@@ -15,7 +15,7 @@ from yolov5_smddp.ema import ModelEMA
 from yolov5_smddp.engine import AmpPolicy, TrainStep
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import build_optimizer
+from yolov5_smddp.optim_recipe import build_optimizer
 
 HYP = load_hyp("scratch-low")
 STEPS = 3

@@ -21,7 +21,7 @@ from yolov5_smddp.engine import (
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.trainer import build_optimizer, freeze_layers
+from yolov5_smddp.optim_recipe import build_optimizer, freeze_layers
 
 HYP = load_hyp("scratch-low")
 
@@ -283,7 +283,7 @@ def test_non_finite_loss_stops_the_run_with_a_clear_message():
 
 
 def test_default_dataset_is_generated_once_into_place(tmp_path):
-    from yolov5_smddp.trainer import default_dataset
+    from yolov5_smddp.data_pipeline import default_dataset
 
     first = default_dataset(tmp_path)
     assert first == tmp_path / "default-dataset-v1" / "data.yaml" and first.is_file()

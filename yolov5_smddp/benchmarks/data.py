@@ -338,17 +338,18 @@ def run(args: argparse.Namespace) -> int:
 
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.dataset import YoloDataset
-    from yolov5_smddp.data.labels import build_label_index
+    from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
     from yolov5_smddp.data.restart_cache import RestartCache
+    from yolov5_smddp.data_pipeline import scan_split
 
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
         workdir = Path(tmp)
         gen_s, yaml_path = _timed(lambda: resolve_data(args.data, args.scan_images, workdir))
-        cfg = load_data_config(yaml_path)
         cache_dir = workdir / "cache"
+        cfg = load_data_config(yaml_path, cache_dir=cache_dir)
 
         def scan():
-            return build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=cache_dir, workers=8)
+            return scan_split(cfg, "train", cache_dir=cache_dir, workers=8, max_pixels=DEFAULT_MAX_PIXELS)
 
         first = scan()  # writes our cache; remove it so the timed scan is a cold build
         if first.cache_path is not None:

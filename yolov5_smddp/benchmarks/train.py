@@ -241,10 +241,10 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
 
 
 def bench_training_stack(model, hyp: dict, *, nc: int, imgsz: int, batch: int, amp):
-    """The trainer's stack (`trainer.build_training_stack`) for one GPU at `batch` with the training
+    """The trainer's stack (`optim_recipe.build_training_stack`) for one GPU at `batch` with the training
     defaults (optimizer, label smoothing)."""
     # imported here like torch in this module: `yolov5-smddp -h` builds every command's parser without torch
-    from yolov5_smddp.trainer import build_training_stack
+    from yolov5_smddp.optim_recipe import build_training_stack
 
     defaults = TrainConfig()
     return build_training_stack(

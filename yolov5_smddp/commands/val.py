@@ -219,9 +219,11 @@ def _validate(args: argparse.Namespace, info) -> int:
     import torch
 
     from yolov5_smddp import distributed
+    from yolov5_smddp.data.cache import choose_cache_dir
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.labels import build_label_index, collapse_to_one_class
+    from yolov5_smddp.data.labels import collapse_to_one_class
     from yolov5_smddp.data.loader import build_val_loader
+    from yolov5_smddp.data_pipeline import scan_split
     from yolov5_smddp.engine import evaluate, resolve_amp
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.metrics import results_table
@@ -236,19 +238,12 @@ def _validate(args: argparse.Namespace, info) -> int:
     amp = resolve_amp(
         args.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     )
-    cache_dir = Path(args.cache_dir) if args.cache_dir else None
+    cache_dir = choose_cache_dir(args.cache_dir)
     data = load_data_config(args.data, cache_dir=cache_dir)
-    sources = {"val": data.val, "test": data.test, "train": data.train}[args.split]
-    if not sources:
+    if not getattr(data, args.split):
         raise ConfigError(f"--split {args.split}: {args.data} has no '{args.split}' entry")
-    index = build_label_index(
-        sources,
-        image_dir=data.image_dirs.get(args.split),
-        nc=data.nc,
-        root=data.root,
-        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-        workers=args.workers or 1,
-        max_pixels=args.max_image_pixels,
+    index = scan_split(
+        data, args.split, cache_dir=cache_dir, workers=args.workers or 1, max_pixels=args.max_image_pixels
     )
     nc, names = data.nc, list(data.names)
     if args.single_cls:  # as train --single-cls: one class, named 'item' unless the dataset names it

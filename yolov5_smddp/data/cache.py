@@ -149,6 +149,24 @@ def default_cache_dir(environ: Mapping[str, str], home: Path) -> Path:
     return base / CACHE_FOLDER_NAME
 
 
+def choose_cache_dir(
+    given: str | Path | None,
+    *,
+    job_default: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> Path:
+    """THE choice of the cache folder (label and COCO caches, the embedded dataset, the pixel and
+    restart-marker caches, the rebased data.yaml): `given` (--cache-dir) when set; else `job_default` (a
+    SageMaker job's: its warm-pool cache or local temporary folder, `SageMakerEnv.cache_dir`); else the
+    user's (`default_cache_dir` of `environ`, default os.environ, and `home`, default the user's home)."""
+    if given:
+        return Path(given)
+    if job_default is not None:
+        return job_default
+    return default_cache_dir(os.environ if environ is None else environ, home or Path.home())
+
+
 def sources_digest(rel_sources: list[str]) -> str:
     """12 hex digits naming a dataset split by its sources relative to the root (survives relocation)."""
     return hashlib.blake2b(

@@ -17,7 +17,6 @@ Path rules (all documented for users):
 from __future__ import annotations
 
 import errno
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,11 +220,10 @@ def load_data_config(
 
 
 def _coco_categories(json_path: Path, cache_dir: Path | None) -> tuple[list[int], list[str]]:
-    from yolov5_smddp.data.cache import default_cache_dir
+    from yolov5_smddp.data.cache import choose_cache_dir
     from yolov5_smddp.data.coco import load_coco
 
-    folder = cache_dir if cache_dir is not None else default_cache_dir(os.environ, Path.home())
-    table, _ = load_coco(json_path, folder)
+    table, _ = load_coco(json_path, choose_cache_dir(cache_dir))
     return table.category_ids.tolist(), table.names
 
 

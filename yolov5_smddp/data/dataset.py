@@ -153,6 +153,14 @@ def _with_crowd(labels: np.ndarray, crowd: np.ndarray) -> np.ndarray:
     return np.concatenate([labels, marked])
 
 
+def decodes_regions(*, augment: bool, cached: bool, mosaic_partners: str) -> bool:
+    """Whether mosaic tiles decode only the part of a JPEG they show (and so use restart-marker copies):
+    training items (`augment`) read from the files (not `cached` in RAM or on disk) with the release's
+    partner sampling ("random"). The one statement of the rule: the dataset and the trainer's choice of a
+    restart cache (data_pipeline.restart_cache) both ask it."""
+    return augment and not cached and mosaic_partners == "random"
+
+
 class YoloDataset:
     """A map-style dataset over a LabelIndex (see the module docstring for items and speed levers)."""
 
@@ -211,12 +219,10 @@ class YoloDataset:
         self._undecodable: dict[int, str] = {}  # index -> reason, learnt by this process
         # decoding only the part of a JPEG a mosaic tile shows (`_tile_image`): where tiles come from
         # files at their stored size; the pixels are the full decode's
-        self.region_decode = (
-            bool(region_decode)
-            and augment
-            and cache_images is None
-            and disk_cache is None
-            and mosaic_partners == "random"
+        self.region_decode = bool(region_decode) and decodes_regions(
+            augment=augment,
+            cached=cache_images is not None or disk_cache is not None,
+            mosaic_partners=mosaic_partners,
         )
         self._decode_whole: set[int] = set()  # indices the region decoder declined (this process)
         self._region_files: np.ndarray | None = None  # `region_files` of this dataset, made on first use

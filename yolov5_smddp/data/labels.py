@@ -20,7 +20,7 @@ A split that is one COCO instances `.json` is indexed by `data.coco` instead (sa
 crowd regions and the JSON's ids).
 
 Nothing is ever written under a dataset: our cache file (see `cache`) goes to `cache_dir` only (default
-`cache.default_cache_dir`), named by the sources and the content, so it survives relocation.
+`cache.choose_cache_dir`), named by the sources and the content, so it survives relocation.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from yolov5_smddp.data.cache import (
     ScanTable,
     built_under,
     cache_file_name,
+    choose_cache_dir,
     content_digest,
-    default_cache_dir,
     describe_foreign_cache,
     label_hash,
     load_cache,
@@ -332,7 +332,7 @@ def build_label_index(
     A split that is one COCO instances JSON is indexed by `coco.build_coco_index` (`image_dir`: the
     folder its `file_name`s are relative to; None: the JSON's folder).
 
-    `cache_dir`: where our cache is read and written (None: `cache.default_cache_dir`); nothing is
+    `cache_dir`: where our cache is read and written (None: `cache.choose_cache_dir`'s default); nothing is
     written anywhere else. `cache_policy` "rebuild": a foreign cache, or ours built for older contents of
     this root, is reported in one log line and ignored (ours is rebuilt); "strict": either is a DataError
     naming the file. `max_pixels`: images whose header claims more pixels are skipped. Raises DataError
@@ -341,7 +341,7 @@ def build_label_index(
     if cache_policy not in CACHE_POLICIES:
         raise DataError(f"cache policy {cache_policy!r} is not one of {CACHE_POLICIES}")
     root = Path(root).resolve()
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(os.environ, Path.home())
+    cache_dir = choose_cache_dir(cache_dir)
     if any(is_coco_json(s) for s in sources):
         if len(sources) != 1:
             raise DataError(

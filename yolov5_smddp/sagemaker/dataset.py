@@ -11,23 +11,26 @@ from pathlib import Path
 import yaml
 
 from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.data.cache import choose_cache_dir
 from yolov5_smddp.data.config import load_data_config
-from yolov5_smddp.data.labels import build_label_index, scan_workers
+from yolov5_smddp.data.labels import scan_workers
+from yolov5_smddp.data_pipeline import scan_split
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, WEIGHTS_CHANNELS, SageMakerEnv, channel
 
 log = logging.getLogger(__name__)
 
 
-def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
+def prepare_data_yaml(env: SageMakerEnv, data: str | None, cache_dir: Path | None = None) -> Path | None:
     """The data.yaml the workers read, rebased onto the training channel; None = the embedded dataset.
 
     With a `training`/`train` channel: `data` (default data.yaml; without one, the channel's only top-level
     .json, a COCO instances file beside its images) is relative to the channel, its `path`
     is replaced by the channel folder, and a `validation`/`val` channel replaces `val` (with the channel's
     one top-level .json when it has exactly one: a COCO JSON beside its images). The rebased copy is
-    written to the cache folder (channels are read-only; output/ is uploaded). Without a channel, `data`
-    is used as given. Raises DataError naming the channel for a missing or invalid data.yaml.
+    written to the cache folder (channels are read-only; output/ is uploaded): `cache_dir` (--cache-dir),
+    else the job's (`data.cache.choose_cache_dir`). Without a channel, `data` is used as given. Raises
+    DataError naming the channel for a missing or invalid data.yaml.
     """
     train_channel = channel(env, TRAIN_CHANNELS)
     val_channel = channel(env, VAL_CHANNELS)
@@ -55,7 +58,8 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
             else " (put a data.yaml with train/val/names at the channel's top level, or pass --data PATH relative to it)"
         )
         raise DataError(f"training channel {train_channel}: {yaml_path.name} not found{hint}")
-    config = load_data_config(yaml_path, root_override=train_channel, cache_dir=env.cache_dir)
+    cache_dir = choose_cache_dir(cache_dir, job_default=env.cache_dir)
+    config = load_data_config(yaml_path, root_override=train_channel, cache_dir=cache_dir)
     val = [str(p) for p in config.val]
     if val_channel is not None:
         if not val_channel.is_dir():
@@ -74,7 +78,7 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None) -> Path | None:
     for split, folder in config.image_dirs.items():  # COCO JSON splits' image folders
         if split != "val" or val_channel is None:
             rebased[f"{split}_images"] = str(folder)
-    out = env.cache_dir / "data" / "data.yaml"
+    out = cache_dir / "data" / "data.yaml"
     with atomic_write(out, "w", encoding="utf-8") as handle:
         handle.write(yaml.safe_dump(rebased, sort_keys=False))
     log.info("data: %s rebased onto channel %s -> %s", yaml_path, train_channel, out)
@@ -86,23 +90,16 @@ def check_dataset(data_yaml: Path, env: SageMakerEnv, *, cache_dir: Path, max_pi
     are reported and ignored, our cache is written to `cache_dir`, so the workers load it). Raises
     DataError when a split has no usable image; the message names the folder."""
     config = load_data_config(data_yaml, cache_dir=cache_dir)
-    for split, sources in (("train", config.train), ("val", config.val)):
-        index = build_label_index(
-            sources,
-            image_dir=config.image_dirs.get(split),
-            nc=config.nc,
-            root=config.root,
-            cache_policy="rebuild",
-            cache_dir=cache_dir,
-            workers=scan_workers(env.num_cpus),
-            max_pixels=max_pixels,
+    for split in ("train", "val"):
+        index = scan_split(
+            config, split, cache_dir=cache_dir, workers=scan_workers(env.num_cpus), max_pixels=max_pixels
         )
         r = index.report
         log.info(
             "dataset check %s (%s): %d images, %d usable, %d missing labels, %d empty, %d bad, %d boxes; "
             "cache %s",
             split,
-            ", ".join(str(s) for s in sources),
+            ", ".join(str(s) for s in getattr(config, split)),
             r.found,
             r.usable,
             r.missing_labels,

@@ -21,6 +21,7 @@ from yolov5_smddp import launch
 from yolov5_smddp.atomic import make_folder
 from yolov5_smddp.commands.train import run_config
 from yolov5_smddp.config import TrainConfig, parse_train_args
+from yolov5_smddp.data.cache import choose_cache_dir
 from yolov5_smddp.distributed import DistInfo, detect_dist_info
 from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.hyp_options import fold_hyp_options
@@ -159,9 +160,9 @@ def run_job(
         plan.master_addr,
         plan.master_port,
     )
-    data_yaml = prepare_data_yaml(env, config.data)
+    cache_dir = choose_cache_dir(config.cache_dir, job_default=env.cache_dir)
+    data_yaml = prepare_data_yaml(env, config.data, cache_dir)
     if data_yaml is not None and plan.local_rank == 0:
-        cache_dir = Path(config.cache_dir) if config.cache_dir else env.cache_dir
         check_dataset(data_yaml, env, cache_dir=cache_dir, max_pixels=config.max_image_pixels)
     weights = weights_from_channel(env, config.weights)
     worker = job_config(env, config, data_yaml=data_yaml, weights=weights)

@@ -93,9 +93,10 @@ class SageMakerEnv:
 
     @property
     def cache_dir(self) -> Path:
-        """Label caches, the embedded dataset and the rebased data.yaml: the warm-pool cache when the job
-        has one (a job restarted on a warm pool then skips the label scan), else a local folder. Never a
-        channel, and never under output/ (SageMaker uploads output/intermediate while the job runs)."""
+        """The job's default cache folder (label caches, the embedded dataset, the rebased data.yaml), for
+        `data.cache.choose_cache_dir` (--cache-dir wins): the warm-pool cache when the job has one (a job
+        restarted on a warm pool then skips the label scan), else a local folder. Never a channel, and
+        never under output/ (SageMaker uploads output/intermediate while the job runs)."""
         if self.warmpool_cache_dir is not None:
             return self.warmpool_cache_dir / "yolov5-smddp"
         return self.local_tmp_dir / "yolov5-smddp-cache"

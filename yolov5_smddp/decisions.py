@@ -1,0 +1,58 @@
+"""What a training run decides before any work, so that every problem of its options fails there:
+the typed hyperparameters, the batch split, backend and device, precision, where colour augmentation
+runs; a bad --cfg or --weights, or --compile without a compiler, fails here too."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from yolov5_smddp import distributed
+from yolov5_smddp.config import BatchPlan, Hyp, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
+from yolov5_smddp.data.color import runs_on_device
+from yolov5_smddp.engine import AmpPolicy, resolve_amp
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.models.yolo import load_model_config
+
+log = logging.getLogger("yolov5_smddp")
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What a run decides before any work (every config problem fails while deciding)."""
+
+    hyp: Hyp
+    plan: BatchPlan
+    backend: str
+    device_type: str
+    amp: AmpPolicy
+    color_on_device: bool = False
+    """HSV jitter and flips on the device batch (`--color-aug`), not in the loader workers."""
+
+
+def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
+    """Hyperparameters, batch split, backend/device and precision; a bad --cfg/--weights fails here too."""
+    hyp = load_hyp(config.hyp, config.hyp_overrides)  # the YAML's key: value form, typed below
+    if info.rank == 0:
+        for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
+            log.warning("%s", warning)
+    plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
+    cuda = torch.cuda.is_available()
+    backend, device_type = distributed.resolve(config.backend, info, cuda)
+    amp = resolve_amp(
+        config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
+    )
+    if info.rank == 0:
+        log.info("amp %s: %s", amp.mode, amp.reason)
+    if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
+        raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
+    if config.cfg:
+        load_model_config(config.cfg)  # a bad --cfg fails now, not after the data scan
+    if config.weights and not Path(config.weights).is_file():
+        raise ConfigError(f"--weights {config.weights}: no such file")
+    color_on_device = runs_on_device(config.color_aug, device_type)
+    return Decisions(Hyp.from_dict(hyp), plan, backend, device_type, amp, color_on_device)
