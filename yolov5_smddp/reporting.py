@@ -30,7 +30,7 @@ from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 
 if TYPE_CHECKING:
-    from yolov5_smddp.trainer import EpochsOutcome, Run
+    from yolov5_smddp.run import EpochsOutcome, Run
 
 log = logging.getLogger("yolov5_smddp")
 

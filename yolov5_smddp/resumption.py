@@ -17,7 +17,7 @@ from yolov5_smddp.config import OutputDirs, TrainConfig, resume_run, same_data
 from yolov5_smddp.errors import ConfigError, WeightsError
 
 if TYPE_CHECKING:
-    from yolov5_smddp.trainer import Run
+    from yolov5_smddp.run import Run
 
 log = logging.getLogger("yolov5_smddp")
 

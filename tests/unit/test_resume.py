@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolov5_smddp import checkpoint, resumption, trainer
+from yolov5_smddp import checkpoint, resumption
 from yolov5_smddp.config import (
     RESUME_FROM_COMMAND,
+    BatchPlan,
     OutputDirs,
     TrainConfig,
     load_hyp,
@@ -26,6 +27,7 @@ from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.weights import load_model, load_weights, save_weights
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.optim_recipe import build_training_stack
+from yolov5_smddp.run import Run
 
 ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
 
@@ -36,7 +38,7 @@ def _data(folder: Path, text: str = "path: .\ntrain: images\nval: images\nnames:
     return folder / "data.yaml"
 
 
-def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "off") -> trainer.Run:
+def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "off") -> Run:
     """A Run of a tiny yolov5n whose checkpoint is what training writes (Run.checkpoint); `amp` "fp16"
     gives it an enabled loss scaler (torch's GradScaler works on CPU too)."""
     model = build_model("yolov5n", nc=len(names))
@@ -55,11 +57,11 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "o
         checkpoint_dir=folder / "checkpoints",
         cache_dir=folder / "cache",
     )
-    return trainer.Run(
+    return Run(
         config,
         ONE_RANK,
         dirs,
-        trainer.BatchPlan(8, 8),
+        BatchPlan(8, 8),
         AmpPolicy(amp, "cpu"),
         torch.device("cpu"),
         model,
