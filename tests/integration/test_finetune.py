@@ -22,7 +22,10 @@ from yolov5_smddp.models.weights import load_model, load_weights
 from yolov5_smddp.models.yolo import load_model_config
 
 IMGSZ = "64"
-PRETRAIN_EPOCHS = "30"  # 300 steps: mAP50 0.94 on set A's val (measured)
+PRETRAIN_EPOCHS = "30"  # 300 steps at lr0 0.05: the best epoch's mAP50 0.78-0.88 on set A's val (measured)
+PRETRAINED_MAP50 = (
+    0.6  # the pretrained best.pt must be at least this good for the comparison to mean anything
+)
 MARGIN = 0.4  # first-epoch mAP50: fine-tuned minus from scratch
 
 pytestmark = pytest.mark.slow
@@ -40,7 +43,7 @@ def _train(out: Path, *options: str) -> subprocess.CompletedProcess:
 
 def _map50(out: Path) -> list[float]:
     with (out / "output" / "results.csv").open(newline="") as handle:
-        return [float(row["mAP50"]) for row in csv.DictReader(handle) if row["mAP50"]]  # --noval: last only
+        return [float(row["mAP50"]) for row in csv.DictReader(handle) if row["mAP50"]]
 
 
 def _params(model) -> int:
@@ -60,10 +63,15 @@ def sets(tmp_path_factory):
     tiny = root / "tiny.yaml"
     tiny.write_text(yaml.safe_dump(config))
     hyp = ("--hyp-override", "lr0=0.05,mosaic=0,scale=0.2")
+    # validated every epoch, so best.pt is the best epoch's EMA, as a user's pretraining keeps it: at this
+    # tiny width and lr0 the curve is not monotone (a seed's mAP50 can drop from 0.78 to 0.07 between two late
+    # epochs and recover, on torch 2.5.1 and 2.6 alike, with 1 or 2 threads), so the last epoch is a lottery
     pretrain = _train(
-        root / "pre", "--cfg", str(tiny), "--data", str(set_a), "--epochs", PRETRAIN_EPOCHS, "--noval", *hyp
+        root / "pre", "--cfg", str(tiny), "--data", str(set_a), "--epochs", PRETRAIN_EPOCHS, *hyp
     )
     assert pretrain.returncode == 0, pretrain.stdout[-2000:] + pretrain.stderr[-3000:]
+    curve = _map50(root / "pre")
+    assert max(curve) >= PRETRAINED_MAP50, f"the pretraining never got good: mAP50 by epoch {curve}"
     scratch = _train(root / "scratch", "--cfg", str(tiny), "--data", str(set_b), "--epochs", "1", *hyp)
     assert scratch.returncode == 0, scratch.stderr[-3000:]
     print(
