@@ -26,12 +26,11 @@ commands:
         that image is present or can be pulled, else with debootstrap (root, Debian-like Linux; no registry).
         STANDIN_METHOD=dockerfile|debootstrap forces one (docker/standin/build.sh).
   test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
-        image, then the container tests (pytest -m docker) from this host in a virtualenv; with
-        TEST_DLC_VERSIONS=1 then the unit and integration tests again on the DLC's versions (Python 3.11,
-        torch 2.5.1 from PyPI: a test image on Debian bookworm, docker/dlc-versions/, cached like the
-        stand-in). Needs only Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it
-        (so does a missing engine or image for the container tests); the summary lists every skip with its
-        reason.
+        image and, at the same time, on the DLC's versions (Python 3.11, torch 2.5.1 from PyPI: a test
+        image on Debian bookworm, docker/dlc-versions/, cached like the stand-in; TEST_DLC_VERSIONS=0
+        leaves it out), then the container tests (pytest -m docker) from this host in a virtualenv. Needs
+        only Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it (so does a missing
+        engine or image for the container tests); the summary lists every skip with its reason.
   run [train options]
         Build on the local base and run the main job: `docker run IMAGE train [options]` with the outputs in
         ./runs/container/ (model/, output/, checkpoints/). Uses --gpus all when nvidia-smi works.
@@ -176,22 +175,65 @@ run_pytest() {  # run_pytest WHAT COMMAND...: pytest's exit 5 (no tests collecte
 cmd_test() {
     need_docker
     command -v python3 >/dev/null || die "python3 is needed for the container tests"
-    local start=$SECONDS standin image test_image
+    local start=$SECONDS standin image test_image logs
+    logs="$(mktemp -d "${TMPDIR:-/tmp}/yolov5-smddp-test-logs.XXXXXX")"
+    # The DLC-versions base (Python 3.11, torch 2.5.1 from PyPI: mostly downloads) builds in the background
+    # while the stand-in and its images build; TEST_DLC_VERSIONS=0 leaves that second suite out.
+    local dlc=${TEST_DLC_VERSIONS:-1} dlc_pid=""
+    if [[ $dlc == 1 ]]; then
+        bash "$here/docker/dlc-versions/build.sh" >"$logs/dlc-base.out" 2>"$logs/dlc-base.log" &
+        dlc_pid=$!
+    fi
     standin="$(cmd_local_base)"
     image="$(cmd_build --base local)"
     test_image="${IMAGE_NAME}-test:$(version)-$(git_sha)"
     echo "== test image $test_image" >&2
     docker build --build-arg "BASE_IMAGE=$image" -t "$test_image" -f docker/test.Dockerfile docker >&2
 
-    echo "== ruff + unit/integration tests inside $test_image" >&2
+    echo "== ruff inside $test_image" >&2
     docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
         ruff check --no-cache . || die "ruff check failed"
     docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
         ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
-    # YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on tests/skip_policy.py's allow-list fails the run, and
-    # the container tests fail without the engine or the image; -rs lists every skip with its reason
-    run_pytest "unit/integration tests" docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 \
-        -e YOLOV5_SMDDP_STRICT_SKIPS=1 "$test_image" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests
+
+    local dlc_test_image=""
+    if [[ -n $dlc_pid ]]; then
+        wait "$dlc_pid" || { tail -n 30 "$logs/dlc-base.log" >&2; die "the DLC-versions test base did not build"; }
+        local dlc_base dlc_image
+        dlc_base="$(tail -n 1 "$logs/dlc-base.out")"
+        dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
+        dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
+        echo "== test image $dlc_test_image (images ready in $((SECONDS - start)) s)" >&2
+        docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
+    fi
+
+    # The unit and integration tests on Debian's Python 3.13 / torch 2.6 (the stand-in) and, at the same
+    # time, on the AWS DLC's versions (Python 3.11, torch 2.5.1 from PyPI): the torch internals we rely on
+    # differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
+    # its log, printed when it ends. YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on
+    # tests/skip_policy.py's allow-list fails the run, and the container tests fail without the engine or
+    # the image; -rs lists every skip with its reason.
+    local suite_start=$SECONDS names=() images=() pids=() i rc failed=()
+    names+=("unit/integration tests on $test_image"); images+=("$test_image")
+    if [[ -n $dlc_test_image ]]; then
+        names+=("unit/integration tests on the DLC's versions ($dlc_test_image)"); images+=("$dlc_test_image")
+    fi
+    for i in "${!images[@]}"; do
+        echo "== ${names[$i]}" >&2
+        docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 \
+            "${images[$i]}" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests \
+            >"$logs/suite$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        rc=0
+        wait "${pids[$i]}" || rc=$?
+        echo "== ${names[$i]}: exit $rc after $((SECONDS - suite_start)) s" >&2
+        cat "$logs/suite$i.log"
+        if [[ $rc -eq 5 ]]; then failed+=("${names[$i]}: pytest collected no tests")
+        elif [[ $rc -ne 0 ]]; then failed+=("${names[$i]} failed (exit $rc)"); fi
+    done
+    [[ ${#failed[@]} -eq 0 ]] || die "$(printf '%s; ' "${failed[@]}")"
 
     echo "== container tests (pytest -m docker) from the host" >&2
     local venv="${TEST_VENV:-$here/.venv}"
@@ -205,27 +247,10 @@ cmd_test() {
         "sagemaker~=2.257.0" || die "pip install pytest pyyaml docker sagemaker failed"
     run_pytest "container tests" env YOLOV5_SMDDP_IMAGE="$image" YOLOV5_SMDDP_STANDIN="$standin" \
         YOLOV5_SMDDP_STRICT_SKIPS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs -m docker tests/docker
-
-    # The same unit/integration tests on the AWS DLC's versions (Python 3.11, torch 2.5.1 from PyPI; the run
-    # above is on Debian's 3.13 / 2.6): the torch internals we rely on differ between releases. Opt-in
-    # (TEST_DLC_VERSIONS=1) until tests/integration/test_finetune.py passes there: on torch 2.5.1 with one
-    # OpenMP thread its 30-epoch pretrain ends far below the 2.6 run's mAP50 (0.03 against 0.94).
-    if [[ "${TEST_DLC_VERSIONS:-0}" != 1 ]]; then
-        echo "== all tests passed in $((SECONDS - start)) s (DLC-versions run skipped: TEST_DLC_VERSIONS=1 runs it)" >&2
-        return 0
-    fi
-    local dlc_start=$SECONDS dlc_base dlc_image dlc_test_image
-    dlc_base="$(bash "$here/docker/dlc-versions/build.sh" | tail -n 1)"
-    dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
-    dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
-    echo "== test image $dlc_test_image" >&2
-    docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
-    echo "== unit/integration tests inside $dlc_test_image (images ready in $((SECONDS - dlc_start)) s)" >&2
-    run_pytest "unit/integration tests on the DLC's versions" docker run --rm -v "$here:/src" -w /src \
-        -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 "$dlc_test_image" \
-        python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests
-    echo "== DLC-versions images and tests in $((SECONDS - dlc_start)) s" >&2
-    echo "== all tests passed in $((SECONDS - start)) s" >&2
+    rm -rf "$logs"
+    local also=""
+    [[ -z $dlc_pid ]] || also=" (the DLC-versions suite included)"
+    echo "== all tests passed in $((SECONDS - start)) s$also" >&2
 }
 
 main() {
