@@ -192,6 +192,7 @@ def loss_stats(
     obj = {"release": [[] for _ in range(nl)], "ours": [[] for _ in range(nl)]}
     cells = {"release": np.zeros(nl), "ours": np.zeros(nl)}
     max_diff = np.zeros(3)
+    grad_diff = np.zeros(nl)  # largest |d loss / d preds| difference, relative to the release's largest
     rel_items, our_items = np.zeros(3), np.zeros(3)
     n_targets = 0
     for tb in target_batches:
@@ -200,9 +201,16 @@ def loss_stats(
         preds = [
             torch.randn((batch, 3, imgsz // s, imgsz // s, 5 + nc), generator=gen) * pred_sd for s in strides
         ]
-        with torch.no_grad():
-            _, items_r = theirs(preds, targets)
-            _, items_o = ours(preds, targets)
+        for p in preds:
+            p.requires_grad_(True)
+        loss_r, items_r = theirs(preds, targets)
+        grads_r = torch.autograd.grad(loss_r.sum(), preds)
+        loss_o, items_o = ours(preds, targets)
+        grads_o = torch.autograd.grad(loss_o.sum(), preds)
+        preds = [p.detach() for p in preds]
+        for level, (gr, go) in enumerate(zip(grads_r, grads_o)):
+            scale = float(gr.abs().max().clamp(min=1e-30))
+            grad_diff[level] = max(grad_diff[level], float((gr - go).abs().max()) / scale)
         rel_items += items_r.numpy()
         our_items += items_o.numpy()
         max_diff = np.maximum(max_diff, (items_r - items_o).abs().numpy())
@@ -244,6 +252,7 @@ def loss_stats(
         "obj": {k: [np.concatenate(v) if v else np.zeros(0) for v in lv] for k, lv in obj.items()},
         "items": {"release": rel_items / n, "ours": our_items / n},
         "max_diff": max_diff,
+        "grad_diff": grad_diff,
         "anchors_px": (detect.anchors * detect.stride.view(-1, 1, 1)).tolist(),
     }
 
@@ -351,6 +360,10 @@ def markdown(stats: dict, losses: dict, args, names: list[str], seconds: dict) -
         )
         lines.append(
             f"| largest per-batch difference (box, obj, cls) | all | {' '.join(f'{v:.2e}' for v in loss['max_diff'])} | |"
+        )
+        lines.append(
+            "| largest gradient difference w.r.t. the predictions, relative to the largest gradient, per level | "
+            f"all | {' '.join(f'{v:.2e}' for v in loss['grad_diff'])} | |"
         )
     return "\n".join(lines) + "\n"
 
