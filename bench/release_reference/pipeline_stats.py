@@ -41,18 +41,21 @@ OBJ_EDGES = (0, 0.2, 0.4, 0.6, 0.8, 1.0001)
 
 class FilterLog:
     """Per box entering the box filter: class, (w, h) before (canvas, times the affine's scale), (w, h)
-    after (transformed, clipped to the output), kept."""
+    after (transformed, clipped to the output), kept, and the affine's scale (NaN where not known)."""
 
     def __init__(self) -> None:
         self.rows: list[np.ndarray] = []
 
-    def add(self, cls: np.ndarray, before: np.ndarray, after: np.ndarray, keep: np.ndarray) -> None:
+    def add(
+        self, cls: np.ndarray, before: np.ndarray, after: np.ndarray, keep: np.ndarray, scale: float = np.nan
+    ) -> None:
         w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
         w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
-        self.rows.append(np.stack([cls, w1, h1, w2, h2, keep.astype(np.float64)], 1).astype(np.float64))
+        s = np.full(len(cls), scale, np.float64)
+        self.rows.append(np.stack([cls, w1, h1, w2, h2, keep.astype(np.float64), s], 1).astype(np.float64))
 
     def table(self) -> np.ndarray:
-        return np.concatenate(self.rows) if self.rows else np.zeros((0, 6))
+        return np.concatenate(self.rows) if self.rows else np.zeros((0, 7))
 
 
 def instrument_ours(log: FilterLog) -> None:
@@ -63,7 +66,7 @@ def instrument_ours(log: FilterLog) -> None:
     def wrapped(labels, m, s, out_wh):
         new = augment.transform_boxes(labels[:, 1:5], m, out_wh)
         keep = augment.box_candidates(labels[:, 1:5] * s, new)
-        log.add(labels[:, 0], labels[:, 1:5] * s, new, keep)
+        log.add(labels[:, 0], labels[:, 1:5] * s, new, keep, s)
         return original(labels, m, s, out_wh)
 
     augment._apply_box_transform = wrapped
@@ -77,12 +80,16 @@ def instrument_release(log: FilterLog) -> None:
     perspective, candidates = dl.random_perspective, aug.box_candidates
 
     def wrapped_perspective(im, targets=(), *args, **kwargs):
-        pending["cls"] = np.asarray(targets)[:, 0].copy() if len(targets) else np.zeros(0)
+        pending["targets"] = np.asarray(targets).copy() if len(targets) else np.zeros((0, 5))
         return perspective(im, targets, *args, **kwargs)
 
     def wrapped_candidates(box1, box2, *args, **kwargs):
         keep = candidates(box1, box2, *args, **kwargs)
-        log.add(pending.pop("cls"), np.asarray(box1).T, np.asarray(box2).T, np.asarray(keep))
+        targets, before = pending.pop("targets"), np.asarray(box1).T
+        widths = targets[:, 3] - targets[:, 1]  # box1 = targets * the affine's scale
+        wide = widths > 1
+        scale = float(np.median((before[wide, 2] - before[wide, 0]) / widths[wide])) if wide.any() else np.nan
+        log.add(targets[:, 0], before, np.asarray(box2).T, np.asarray(keep), scale)
         return keep
 
     dl.random_perspective, aug.box_candidates = wrapped_perspective, wrapped_candidates
@@ -147,6 +154,10 @@ def sample_stats(samples: list[np.ndarray], log: np.ndarray, imgsz: int, nc: int
             "dropped": float((in_output & ~keep).sum() / max(in_output.sum(), 1)),
             "dropped_clipped": float((clipped & ~keep).sum() / max(clipped.sum(), 1)),
             "kept": int(keep.sum()),
+            "scale_mean": float(np.nanmean(rows[:, 6])) if len(rows) else float("nan"),
+            "scale_mean_dropped": float(np.nanmean(rows[in_output & ~keep, 6]))
+            if (in_output & ~keep).any()
+            else float("nan"),
         }
     return stats
 
@@ -284,6 +295,8 @@ def markdown(stats: dict, losses: dict, args, names: list[str], seconds: dict) -
         ("area kept by a clipped box, mean", "clipped_area_kept", "{:.3f}"),
         ("dropped by the filter, % of those in the output", "dropped", "pct"),
         ("dropped, % of the clipped", "dropped_clipped", "pct"),
+        ("the affine's scale, mean over the boxes into the filter", "scale_mean", "{:.4f}"),
+        ("the affine's scale, mean over the dropped boxes", "scale_mean_dropped", "{:.4f}"),
     ]
     for label, key, fmt in rows:
         for cls in [*range(len(names)), "all"]:

@@ -17,7 +17,7 @@ def test_filter_fractions_exact():
     # rows: before xyxy (canvas, scaled), after xyxy (output, clipped), kept
     before = np.array([[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 10, 10], [5, 5, 5, 9], [0, 0, 10, 10]], float)
     after = np.array([[0, 0, 10, 10], [0, 0, 5, 10], [0, 0, 1, 5], [0, 0, 0, 4], [3, 3, 3, 3]], float)
-    log.add(np.array([0, 0, 1, 1, 2]), before, after, np.array([True, True, False, False, False]))
+    log.add(np.array([0, 0, 1, 1, 2]), before, after, np.array([True, True, False, False, False]), 1.25)
     samples = [np.array([[0, 0, 0.5, 0.5, 0.25, 0.5], [0, 1, 0.5, 0.5, 0.5, 0.25]], np.float32)]
     stats = ps.sample_stats(samples, log.table(), imgsz=100, nc=3)
     a = stats["all"]
@@ -26,6 +26,7 @@ def test_filter_fractions_exact():
     assert a["out_of_output"] == pytest.approx(1 / 4)  # on the canvas, nothing left in the output
     assert a["clipped"] == pytest.approx(2 / 3)  # half and 5% of their area left
     assert a["clipped_area_kept"] == pytest.approx((0.5 + 0.05) / 2)
+    assert a["scale_mean"] == 1.25 and a["scale_mean_dropped"] == 1.25
     assert a["dropped"] == pytest.approx(1 / 3) and a["dropped_clipped"] == pytest.approx(1 / 2)
     assert (
         a["boxes_per_sample"] == 2 and stats[0]["boxes_per_sample"] == 1 and stats[2]["boxes_per_sample"] == 0
@@ -54,5 +55,6 @@ def test_our_filter_log_accounts_for_every_final_box(tmp_path, monkeypatch):
     assert len(samples) == 30 and pixels.shape == (30, 6)
     assert int(table[:, 5].sum()) == sum(len(s) for s in samples) > 0  # kept by the filter = final boxes
     assert set(table[:, 0].astype(int)) <= {0, 1, 2}
+    assert ((table[:, 6] >= 0.5) & (table[:, 6] <= 1.5)).all()  # scratch-low's scale range
     assert (table[:, 5] == 0).any()  # some dropped at this scale range
     assert ((pixels[:, 4] >= 0) & (pixels[:, 4] <= 1)).all() and (pixels[:, 5] > 0).all()
