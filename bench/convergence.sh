@@ -10,6 +10,7 @@
 #   env: SEEDS ("0 1"), VARIANTS ("release ours"; also "ours-reldata": our trainer on the release's training
 #        pipeline, "release-ourdata": the release's trainer on ours, bench/release_reference/swap.py),
 #        EPOCHS (30), IMGSZ (256), BATCH (16), WORKERS (2),
+#        DATA_KIND (shapes; or textured: bench/make_textured_dataset.py, issue 38; its data under OUT_DIR/data-textured),
 #        CFG (yolov5n), N_TRAIN (1000), N_VAL (200), WIDTH (320), HEIGHT (240), DATA_SEED (0), CPUS (2),
 #        BASE_IMAGE (an image with python3, torch, torchvision, OpenCV, PyYAML: the stand-in base),
 #        BEFORE_REF (a git revision: adds the variant "ours-before" trained by that revision's code),
@@ -30,6 +31,9 @@ SEEDS="${SEEDS:-0 1}" VARIANTS="${VARIANTS:-release ours}" EPOCHS="${EPOCHS:-30}
 BATCH="${BATCH:-16}" WORKERS="${WORKERS:-2}" CFG="${CFG:-yolov5n}" N_TRAIN="${N_TRAIN:-1000}" N_VAL="${N_VAL:-200}"
 WIDTH="${WIDTH:-320}" HEIGHT="${HEIGHT:-240}" DATA_SEED="${DATA_SEED:-0}" CPUS="${CPUS:-2}"
 OURS_ARGS="${OURS_ARGS:-}" HYP_OVERRIDE="${HYP_OVERRIDE:-}" NICE="${NICE:-10}" PARALLEL="${PARALLEL:-1}" THREADS="${THREADS:-1}"
+DATA_KIND="${DATA_KIND:-shapes}"
+data_dir=data  # the shapes task keeps its folder name (earlier OUT_DIRs reuse theirs)
+[[ "$DATA_KIND" == shapes ]] || data_dir="data-$DATA_KIND"
 # default base: the stand-in base image that ./build.sh tags by content hash
 base="${BASE_IMAGE:-$(docker images --format '{{.Repository}}:{{.Tag}}' yolov5-smddp-standin | grep -m1 -E ':[0-9a-f]{12}$' || true)}"
 [[ -n "$base" ]] || { echo "no BASE_IMAGE given and no stand-in base image found (docker images | grep standin)" >&2; exit 2; }
@@ -53,9 +57,9 @@ run() {  # run LOG SRC PYTHON-ARGS...
         >"$log" 2>&1 || { echo "failed: see $log" >&2; return 1; }
 }
 
-if [[ ! -f "$out/data/data.yaml" ]]; then
-    run "$out/data.log" "$here" /src/bench/release_reference/convergence.py data /out/data --n-train "$N_TRAIN" \
-        --n-val "$N_VAL" --width "$WIDTH" --height "$HEIGHT" --seed "$DATA_SEED"
+if [[ ! -f "$out/$data_dir/data.yaml" ]]; then
+    run "$out/data.log" "$here" /src/bench/release_reference/convergence.py data "/out/$data_dir" --kind "$DATA_KIND" \
+        --n-train "$N_TRAIN" --n-val "$N_VAL" --width "$WIDTH" --height "$HEIGHT" --seed "$DATA_SEED"
 fi
 one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
     local variant="$1" seed="$2" name="$1-s$2" dir="$out/runs/$1-s$2" best src started wall
@@ -68,7 +72,7 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
             # release-ourdata: the release's trainer fed by OUR training pipeline (swap.py, issue 27)
             train=(-m yolov5.train)
             [[ "$variant" == release-ourdata ]] && train=(/src/bench/release_reference/swap.py release-on-ours --)
-            run "$dir/train.log" "$here" "${train[@]}" --data /out/data/data.yaml --cfg "$CFG.yaml" \
+            run "$dir/train.log" "$here" "${train[@]}" --data "/out/$data_dir/data.yaml" --cfg "$CFG.yaml" \
                 --weights "" --hyp /out/hyp.yaml --img "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" \
                 --seed "$seed" --device cpu --project /out/runs --name "$name" --exist-ok --noplots
             best="/out/runs/$name/weights/best.pt" ;;
@@ -79,7 +83,7 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
             train=(-m yolov5_smddp train)
             [[ "$variant" == ours-reldata ]] && train=(/src/bench/release_reference/swap.py ours-on-release -- train)
             # shellcheck disable=SC2086  # OURS_ARGS: words on purpose
-            run "$dir/train.log" "$src" "${train[@]}" --data /out/data/data.yaml --cfg "$CFG" \
+            run "$dir/train.log" "$src" "${train[@]}" --data "/out/$data_dir/data.yaml" --cfg "$CFG" \
                 --imgsz "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" --seed "$seed" \
                 --model-dir "/out/runs/$name/model" --output-dir "/out/runs/$name/output" \
                 --checkpoint-dir "/out/runs/$name/checkpoints" --cache-dir "/out/cache/$name" "${ours_hyp[@]}" $OURS_ARGS
@@ -89,7 +93,7 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
     wall=$(( $(date +%s) - started ))
     printf '{"variant": "%s", "seed": %d, "wall_s": %d, "parallel": %d}\n' "$variant" "$seed" "$wall" "$PARALLEL" \
         >"$dir/meta.json"
-    run "$dir/val.log" "$here" -m yolov5_smddp val --weights "$best" --data /out/data/data.yaml \
+    run "$dir/val.log" "$here" -m yolov5_smddp val --weights "$best" --data "/out/$data_dir/data.yaml" \
         --imgsz "$IMGSZ" --batch-size 32 --workers "$WORKERS" --device cpu --cache-dir /out/cache/val \
         --output-dir "/out/runs/$name/val"
     run "$dir/score.log" "$here" /src/bench/release_reference/convergence.py score "/out/runs/$name" \

@@ -1,8 +1,9 @@
 """Helpers of bench/convergence.sh (run inside its throwaway image, this checkout on PYTHONPATH).
 
-  convergence.py data DIR [--n-train N --n-val N --width W --height H --seed S]
-      write the shapes task (yolov5_smddp.data.synthetic.make_shapes_dataset) under DIR and a data.yaml
-      with an absolute `path` (the release resolves a relative one against its own install folder).
+  convergence.py data DIR [--kind shapes|textured --n-train N --n-val N --width W --height H --seed S]
+      write the task under DIR (shapes: yolov5_smddp.data.synthetic.make_shapes_dataset; textured:
+      bench/make_textured_dataset.py, issue 38) and a data.yaml with an absolute `path` (the release
+      resolves a relative one against its own install folder).
   convergence.py hyp OUT KEY=VALUE,...
       the release's scratch-low hyperparameters with those replaced, as a YAML file for its --hyp.
   convergence.py score RUN_DIR LOG
@@ -25,14 +26,18 @@ import statistics
 import sys
 from pathlib import Path
 
+DATA_KINDS = ("shapes", "textured")
 _METRIC = re.compile(r"(?<![\w-])(mAP50-95|mAP50)=([0-9.]+(?:[eE][-+]?[0-9]+)?)")
 
 
 def _data(args: argparse.Namespace) -> int:
     from yolov5_smddp.data.synthetic import make_shapes_dataset
 
+    make = make_shapes_dataset
+    if args.kind == "textured":
+        from bench.make_textured_dataset import make_textured_dataset as make
     root = Path(args.dir).resolve()
-    yaml_path = make_shapes_dataset(
+    yaml_path = make(
         root, n_train=args.n_train, n_val=args.n_val, width=args.width, height=args.height, seed=args.seed
     )
     text = yaml_path.read_text().replace("path: .\n", f"path: {root}\n", 1)
@@ -189,6 +194,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     data = sub.add_parser("data")
     data.add_argument("dir")
+    data.add_argument("--kind", choices=DATA_KINDS, default="shapes")
     data.add_argument("--n-train", type=int, default=400)
     data.add_argument("--n-val", type=int, default=100)
     data.add_argument("--width", type=int, default=256)
