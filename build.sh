@@ -196,39 +196,40 @@ cmd_test() {
     docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
         ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
 
-    local dlc_test_image=""
-    if [[ -n $dlc_pid ]]; then
-        wait "$dlc_pid" || { tail -n 30 "$logs/dlc-base.log" >&2; die "the DLC-versions test base did not build"; }
-        local dlc_base dlc_image
-        dlc_base="$(tail -n 1 "$logs/dlc-base.out")"
-        dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
-        dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
-        echo "== test image $dlc_test_image (images ready in $((SECONDS - start)) s)" >&2
-        docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
-    fi
-
     # The unit and integration tests on Debian's Python 3.13 / torch 2.6 (the stand-in) and, at the same
     # time, on the AWS DLC's versions (Python 3.11, torch 2.5.1 from PyPI): the torch internals we rely on
     # differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
     # its log, printed when it ends. YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on
     # tests/skip_policy.py's allow-list fails the run, and the container tests fail without the engine or
     # the image; -rs lists every skip with its reason.
-    local suite_start=$SECONDS names=() images=() pids=() i rc failed=()
-    names+=("unit/integration tests on $test_image"); images+=("$test_image")
-    if [[ -n $dlc_test_image ]]; then
-        names+=("unit/integration tests on the DLC's versions ($dlc_test_image)"); images+=("$dlc_test_image")
-    fi
-    for i in "${!images[@]}"; do
-        echo "== ${names[$i]}" >&2
+    local suite_start=$SECONDS names=() pids=() i rc failed=()
+    start_suite() {  # start_suite NAME IMAGE: in the background, output in $logs/suite<N>.log
+        local n=${#pids[@]}
+        echo "== $1 (started after $((SECONDS - start)) s)" >&2
         docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 \
-            "${images[$i]}" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests \
-            >"$logs/suite$i.log" 2>&1 &
+            "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
         pids+=($!)
-    done
+        names+=("$1")
+    }
+    start_suite "unit/integration tests on $test_image" "$test_image"
+    if [[ -n $dlc_pid ]]; then
+        local dlc_base dlc_image dlc_test_image
+        if ! wait "$dlc_pid"; then
+            tail -n 30 "$logs/dlc-base.log" >&2
+            failed+=("the DLC-versions test base did not build (its log's end above)")
+        else
+            dlc_base="$(tail -n 1 "$logs/dlc-base.out")"
+            dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
+            dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
+            echo "== test image $dlc_test_image" >&2
+            docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
+            start_suite "unit/integration tests on the DLC's versions ($dlc_test_image)" "$dlc_test_image"
+        fi
+    fi
     for i in "${!pids[@]}"; do
         rc=0
         wait "${pids[$i]}" || rc=$?
-        echo "== ${names[$i]}: exit $rc after $((SECONDS - suite_start)) s" >&2
+        echo "== ${names[$i]}: exit $rc, $((SECONDS - suite_start)) s after the first suite started" >&2
         cat "$logs/suite$i.log"
         if [[ $rc -eq 5 ]]; then failed+=("${names[$i]}: pytest collected no tests")
         elif [[ $rc -ne 0 ]]; then failed+=("${names[$i]} failed (exit $rc)"); fi
