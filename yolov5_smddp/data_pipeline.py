@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from yolov5_smddp.data.config import DataConfig, load_data_config
-from yolov5_smddp.data.dataset import YoloDataset, decodes_regions, resized_hw
 from yolov5_smddp.data.labels import LabelIndex, build_label_index, collapse_to_one_class, scan_workers
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
 from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
-from yolov5_smddp.data.synthetic import DATASET_VERSION, make_default_dataset
 
 if TYPE_CHECKING:
     from yolov5_smddp.config import TrainConfig
 
 log = logging.getLogger("yolov5_smddp")
+
+# LAZY: the SageMaker driver imports this module for `scan_split` and scans before any worker starts; it must
+# not pull in torch or OpenCV (tests/unit/test_import_weight.py), so the functions that build datasets and
+# loaders import them where they run.
 
 
 def default_dataset(cache_dir: Path) -> Path:
@@ -33,6 +35,8 @@ def default_dataset(cache_dir: Path) -> Path:
     generated once, in a temporary folder renamed into place, so concurrent ranks never see a
     half-written dataset (the first rename wins; it is deterministic). The folder name carries the
     generator's version, so a cache kept between jobs (warm pool) never serves an older dataset."""
+    from yolov5_smddp.data.synthetic import DATASET_VERSION, make_default_dataset  # OpenCV: see LAZY
+
     name = f"default-dataset-v{DATASET_VERSION}"
     final = cache_dir / name
     if not (final / "data.yaml").is_file():
@@ -97,6 +101,8 @@ def disk_caches(
     after checking that the folder can hold them (DataError naming sizes and folder); else (None, None)."""
     if config.cache != "disk":
         return None, None
+    from yolov5_smddp.data.dataset import resized_hw  # OpenCV: see LAZY
+
     train = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=True)
     val = DiskPixelCache(cache_dir / "pixels", config.imgsz, augment=False)
 
@@ -119,6 +125,8 @@ def restart_cache(
     """With `--jpeg-restart-cache on` where tiles are region-decoded (mosaic with the release's sampling,
     no --cache): the restart-marker copies' cache under cache_dir, when its disk has room for them
     (data.restart_cache); else None. The main rank logs which."""
+    from yolov5_smddp.data.dataset import decodes_regions  # OpenCV: see LAZY
+
     regions = decodes_regions(
         augment=True, cached=config.cache is not None, mosaic_partners=config.mosaic_partners
     )
@@ -144,7 +152,8 @@ def build_loaders(
     `color_on_device`: the train items leave HSV and flips to the device batch; `cache_dir`: where
     `--cache disk` keeps the decoded images. DataError when the training set cannot fill one batch per
     rank, or the cache folder cannot hold the decoded images."""
-    # torch, imported here: the SageMaker driver scans (`scan_split`) before any worker imports torch
+    # torch and OpenCV, imported here (LAZY)
+    from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
