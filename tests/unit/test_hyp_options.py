@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from child_python import run_python
 
 from yolov5_smddp.config import parse_train_args
 from yolov5_smddp.errors import ConfigError
@@ -87,10 +88,27 @@ def test_the_entrypoint_folds_before_it_validates(tmp_path):
     assert not (base / "model").exists()
 
 
+# run in a child process: importing the toolkit (boto3, botocore, ssl, ...) into the test process changed what
+# a later in-process training's forked loader workers do on the DLC's versions (torch 2.5.1 from PyPI):
+# tests/unit/test_runtime.py's 2-worker run died with SIGSEGV in our native library after this test and
+# test_hostile_outputs_write.py, never in a fresh process; our training processes never import the toolkit
+# (it starts them as programs of their own)
+_TOOLKIT_ARGS = """
+import json, sys
+from sagemaker_training import environment
+env = environment.Environment(
+    resource_config={"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"},
+    input_data_config={"training": {"TrainingInputMode": "File"}},
+    hyperparameters=json.loads(sys.argv[1]),
+)
+print(json.dumps(env.to_cmd_args()))
+"""
+
+
 def test_the_real_toolkit_arguments_of_a_tuning_job_fold_and_parse():
     # hyperparameters.json of one training job of a tuning job, decoded as the toolkit does: the static ones,
     # one tuned value per range, and AMT's own `_tuning_objective_metric` / the SDK's `sagemaker_*` keys
-    environment = pytest.importorskip("sagemaker_training.environment")
+    pytest.importorskip("sagemaker_training")
     hyperparameters = {
         "cfg": "yolov5s",
         "hyp-override": "mosaic=1.0",
@@ -101,12 +119,9 @@ def test_the_real_toolkit_arguments_of_a_tuning_job_fold_and_parse():
         "_tuning_objective_metric": "val:mAP50-95",
         "sagemaker_estimator_class_name": "PyTorch",
     }
-    env = environment.Environment(
-        resource_config={"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"},
-        input_data_config={"training": {"TrainingInputMode": "File"}},
-        hyperparameters=hyperparameters,
-    )
-    args = env.to_cmd_args()
+    proc = run_python(_TOOLKIT_ARGS, json.dumps(hyperparameters), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = json.loads(proc.stdout)
     assert args == [
         "--batch-size",
         "64",
