@@ -230,14 +230,19 @@ def test_a_file_the_batched_decode_refuses_is_decoded_on_the_cpu_and_counted(ind
     assert len([r for r in caplog.records if "decoded on the CPU" in r.getMessage()]) == 1  # logged once
 
 
-def test_a_corrupt_jpeg_is_named_its_tile_grey_and_its_boxes_dropped(tmp_path, caplog):
-    root = tmp_path / "c"
+def _four_photos(root, cache_dir):
+    """root/images/{0..3}.jpg (photo-like, quality 90), one centred box each; their scanned index."""
     (root / "images").mkdir(parents=True)
     (root / "labels").mkdir()
     for k in range(4):
         (root / "images" / f"{k}.jpg").write_bytes(pil_jpeg(photo(IMGSZ, IMGSZ, k), quality=90))
         (root / "labels" / f"{k}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
-    idx = build_label_index([root / "images"], nc=1, root=root, cache_dir=tmp_path / "cache")
+    return build_label_index([root / "images"], nc=1, root=root, cache_dir=cache_dir)
+
+
+def test_a_corrupt_jpeg_is_named_its_tile_grey_and_its_boxes_dropped(tmp_path, caplog):
+    root = tmp_path / "c"
+    idx = _four_photos(root, tmp_path / "cache")
     bad = root / "images" / "2.jpg"
     bad.write_bytes(scrambled_jpeg())  # changed since the scan: the header is fine, the data is not
     before = tree_state(root)
@@ -335,12 +340,7 @@ def test_a_torchvision_without_list_decoding_decodes_file_by_file(index, monkeyp
 
 def test_a_file_gone_since_the_scan_is_handled_in_the_worker_as_the_cpu_path_does(tmp_path, caplog):
     root = tmp_path / "g"
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    for k in range(4):
-        (root / "images" / f"{k}.jpg").write_bytes(pil_jpeg(photo(IMGSZ, IMGSZ, k), quality=90))
-        (root / "labels" / f"{k}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
-    idx = build_label_index([root / "images"], nc=1, root=root, cache_dir=tmp_path / "cache")
+    idx = _four_photos(root, tmp_path / "cache")
     gone = root / "images" / "1.jpg"
     gone.unlink()
     lines = {}

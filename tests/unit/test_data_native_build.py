@@ -83,13 +83,10 @@ setup_py.main(["-q", "build_ext", "--build-lib", out, "--build-temp", out])
 """
 
 
-def test_an_install_without_the_headers_fails_with_one_line(tmp_path):
-    """The real setup() and build_ext, with the header search pointed at an empty folder: exit status 1,
-    the refusal as the last line, no traceback, nothing compiled."""
-    empty, out = tmp_path / "empty", tmp_path / "build"
-    empty.mkdir()
+def _refused_build(out, include_dir) -> subprocess.CompletedProcess:
+    """The real setup() with the header search pointed at `include_dir`: it must exit 1 without a traceback."""
     proc = subprocess.run(
-        [sys.executable, "-c", _REFUSE, str(out), str(empty)],
+        [sys.executable, "-c", _REFUSE, str(out), str(include_dir)],
         cwd=REPO,
         env={**os.environ, setup_py.OPT_OUT_ENV: ""},
         capture_output=True,
@@ -98,6 +95,15 @@ def test_an_install_without_the_headers_fails_with_one_line(tmp_path):
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+    return proc
+
+
+def test_an_install_without_the_headers_fails_with_one_line(tmp_path):
+    """The real setup() and build_ext, with the header search pointed at an empty folder: exit status 1,
+    the refusal as the last line, no traceback, nothing compiled."""
+    empty, out = tmp_path / "empty", tmp_path / "build"
+    empty.mkdir()
+    proc = _refused_build(out, empty)
     assert proc.stderr.strip().splitlines()[-1] == "error: " + setup_py.missing_message([empty])
     assert not list(out.rglob("*.o")) and not list(out.rglob("*.so"))
 
@@ -108,16 +114,7 @@ def test_a_libjpeg_that_does_not_compile_fails_with_one_line(tmp_path):
     other, out = tmp_path / "other", tmp_path / "build"
     other.mkdir()
     (other / "jpeglib.h").write_text('#error "not libjpeg-turbo"\n')
-    proc = subprocess.run(
-        [sys.executable, "-c", _REFUSE, str(out), str(other)],
-        cwd=REPO,
-        env={**os.environ, setup_py.OPT_OUT_ENV: ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
+    proc = _refused_build(out, other)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {setup_py.SOURCE} did not compile against {other / 'jpeglib.h'} (")
     assert last.endswith(setup_py.INSTALL_HINT) and "libjpeg-turbo >= 1.5" in last
