@@ -201,13 +201,14 @@ cmd_test() {
     # differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
     # its log, printed when it ends. YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on
     # tests/skip_policy.py's allow-list fails the run, and the container tests fail without the engine or
-    # the image; -rs lists every skip with its reason.
+    # the image; -rs lists every skip with its reason. OMP_NUM_THREADS=1: two suites share the host (and CI
+    # hosts are busy): an OpenMP pool wider than the cores it gets spins and slows everything several-fold.
     local suite_start=$SECONDS names=() pids=() i rc failed=()
     start_suite() {  # start_suite NAME IMAGE: in the background, output in $logs/suite<N>.log
         local n=${#pids[@]}
         echo "== $1 (started after $((SECONDS - start)) s)" >&2
         docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 \
-            "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
+            -e OMP_NUM_THREADS=1 "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
         pids+=($!)
         names+=("$1")
     }

@@ -514,6 +514,7 @@ def runtime_for_loaders(
         device_type=device.type,
         rect=config.rect,
         multi_scale=config.multi_scale,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
     )
     apply_runtime(settings)
     return settings

@@ -7,7 +7,13 @@ import pytest
 import torch
 from tiny_training import tiny_training
 
-from yolov5_smddp.runtime import RuntimeSettings, apply_runtime, cpu_threads_per_rank, decide_runtime
+from yolov5_smddp.runtime import (
+    RuntimeSettings,
+    apply_runtime,
+    cpu_threads_per_rank,
+    decide_runtime,
+    threads_asked,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +52,43 @@ def test_cudnn_benchmark_only_for_fixed_shapes_on_cuda(device_type, rect, multi_
         rect=rect,
         multi_scale=multi_scale,
     )
-    assert settings == RuntimeSettings(4, benchmark, why)
+    assert settings == RuntimeSettings(4, benchmark, why, "96 cores / 8 local ranks - 8 loader workers")
+
+
+@pytest.mark.parametrize(
+    "value, asked",
+    [
+        (None, None),
+        ("", None),
+        ("1", 1),
+        ("12", 12),
+        ("4,2", 4),
+        (" 3 ", 3),
+        ("0", None),
+        ("-2", None),
+        ("x", None),
+    ],
+)
+def test_threads_asked_by_omp_num_threads(value, asked):
+    assert threads_asked(value) == asked
+
+
+def test_omp_num_threads_is_obeyed_over_the_cap():
+    """A user (or torchrun) who asked for 1 thread gets 1, not the host's share: two such jobs on one
+    2-core host each took 2 threads and ran tenfold slower (OpenMP threads spinning on a busy core)."""
+    common = dict(
+        cpu_count=2, local_ranks=1, loader_workers=0, device_type="cpu", rect=False, multi_scale=False
+    )
+    assert decide_runtime(**common) == RuntimeSettings(
+        2, False, "no CUDA device", "2 cores / 1 local ranks - 0 loader workers"
+    )
+    obeyed = decide_runtime(**common, omp_num_threads="1")
+    assert obeyed == RuntimeSettings(1, False, "no CUDA device", "OMP_NUM_THREADS=1")
+    assert obeyed.log_line() == "cpu threads/rank 1 (OMP_NUM_THREADS=1); cudnn.benchmark off (no CUDA device)"
+    assert decide_runtime(**common, omp_num_threads="16").threads == 16  # asked for: obeyed, as torch does
+    ignored = decide_runtime(**common, omp_num_threads="many")
+    assert ignored.threads == 2
+    assert ignored.why_threads.endswith("OMP_NUM_THREADS='many' ignored: not a positive integer")
 
 
 def test_apply_sets_torch(monkeypatch):
@@ -70,9 +112,11 @@ def test_a_training_run_applies_and_logs_them(tmp_path, monkeypatch, caplog):
     applied = []
     monkeypatch.setattr(trainer, "apply_runtime", applied.append)
     monkeypatch.setattr(trainer.os, "cpu_count", lambda: 6)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = tmp_path / "run"
     argv = tiny_training(out, data, "--epochs", "1", "--noplots", batch_size=2, workers=2)
     with caplog.at_level(logging.INFO):
         assert main(argv) == 0
-    assert applied == [RuntimeSettings(4, False, "no CUDA device")]  # 6 cores, 1 rank, 2 loader workers
-    assert "cpu threads/rank 4; cudnn.benchmark off (no CUDA device)" in caplog.text
+    why = "6 cores / 1 local ranks - 2 loader workers"
+    assert applied == [RuntimeSettings(4, False, "no CUDA device", why)]
+    assert f"cpu threads/rank 4 ({why}); cudnn.benchmark off (no CUDA device)" in caplog.text
