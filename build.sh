@@ -183,6 +183,9 @@ cmd_test() {
     if [[ $dlc == 1 ]]; then
         bash "$here/docker/dlc-versions/build.sh" >"$logs/dlc-base.out" 2>"$logs/dlc-base.log" &
         dlc_pid=$!
+        # a step that dies before the suites start (a failed build, ruff) takes the background build along
+        # shellcheck disable=SC2064  # the pid now: dlc_pid is local to this function
+        trap "kill \$(pgrep -P $dlc_pid 2>/dev/null) $dlc_pid 2>/dev/null || true" EXIT
     fi
     standin="$(cmd_local_base)"
     image="$(cmd_build --base local)"
@@ -215,7 +218,10 @@ cmd_test() {
     start_suite "unit/integration tests on $test_image" "$test_image"
     if [[ -n $dlc_pid ]]; then
         local dlc_base dlc_image dlc_test_image
-        if ! wait "$dlc_pid"; then
+        local base_rc=0
+        wait "$dlc_pid" || base_rc=$?
+        trap - EXIT
+        if [[ $base_rc -ne 0 ]]; then
             tail -n 30 "$logs/dlc-base.log" >&2
             failed+=("the DLC-versions test base did not build (its log's end above)")
         else
