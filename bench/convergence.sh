@@ -8,7 +8,8 @@
 #
 #   bash bench/convergence.sh [OUT_DIR]
 #   env: SEEDS ("0 1"), VARIANTS ("release ours"; also "ours-reldata": our trainer on the release's training
-#        pipeline, "release-ourdata": the release's trainer on ours, bench/release_reference/swap.py),
+#        pipeline, "release-ourdata": the release's trainer on ours, bench/release_reference/swap.py;
+#        "ours-gpuloader": ours with --loader gpu, the GPU data path run on the CPU device, issue 40),
 #        EPOCHS (30), IMGSZ (256), BATCH (16), WORKERS (2),
 #        DATA_KIND (shapes; or textured: bench/make_textured_dataset.py, issue 38; its data under OUT_DIR/data-textured),
 #        CFG (yolov5n), N_TRAIN (1000), N_VAL (200), WIDTH (320), HEIGHT (240), DATA_SEED (0), CPUS (2),
@@ -76,9 +77,11 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
                 --weights "" --hyp /out/hyp.yaml --img "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" \
                 --seed "$seed" --device cpu --project /out/runs --name "$name" --exist-ok --noplots
             best="/out/runs/$name/weights/best.pt" ;;
-        ours | ours-before | ours-reldata)
+        ours | ours-before | ours-reldata | ours-gpuloader)
             src="$here"
             [[ "$variant" == ours-before ]] && src="$out/src-before"
+            local loader=()
+            [[ "$variant" == ours-gpuloader ]] && loader=(--loader gpu)
             # ours-reldata: our trainer fed by the RELEASE's training pipeline (swap.py, issue 27)
             train=(-m yolov5_smddp train)
             [[ "$variant" == ours-reldata ]] && train=(/src/bench/release_reference/swap.py ours-on-release -- train)
@@ -86,7 +89,8 @@ one_run() {  # one_run VARIANT SEED: train, then score best.pt with our val
             run "$dir/train.log" "$src" "${train[@]}" --data "/out/$data_dir/data.yaml" --cfg "$CFG" \
                 --imgsz "$IMGSZ" --batch-size "$BATCH" --epochs "$EPOCHS" --workers "$WORKERS" --seed "$seed" \
                 --model-dir "/out/runs/$name/model" --output-dir "/out/runs/$name/output" \
-                --checkpoint-dir "/out/runs/$name/checkpoints" --cache-dir "/out/cache/$name" "${ours_hyp[@]}" $OURS_ARGS
+                --checkpoint-dir "/out/runs/$name/checkpoints" --cache-dir "/out/cache/$name" "${ours_hyp[@]}" \
+                "${loader[@]}" $OURS_ARGS
             best="/out/runs/$name/model/best.pt" ;;
         *) echo "unknown variant $variant" >&2; return 2 ;;
     esac
