@@ -200,6 +200,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         'importlib.import_module("smdistributed")',
         ("tests/unit/test_distributed.py", "-k", "smddp_importable"),
     ),
+    Mutation(
+        "omp-num-threads-overridden",
+        "the per-rank thread cap overrides an OMP_NUM_THREADS the user (or torchrun) set",
+        "yolov5_smddp/runtime.py",
+        "    asked = threads_asked(omp_num_threads)",
+        "    asked = None",
+        ("tests/unit/test_runtime.py", "-k", "omp_num_threads"),
+    ),
 )
 
 
