@@ -27,7 +27,7 @@ class RuntimeSettings:
     """intra-op CPU threads of this rank (torch.set_num_threads)."""
     cudnn_benchmark: bool
     why_benchmark: str
-    why_threads: str = "cores per rank"
+    why_threads: str
 
     def log_line(self) -> str:
         state = "on" if self.cudnn_benchmark else "off"

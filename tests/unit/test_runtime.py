@@ -94,9 +94,9 @@ def test_omp_num_threads_is_obeyed_over_the_cap():
 def test_apply_sets_torch(monkeypatch):
     threads, benchmark = torch.get_num_threads(), torch.backends.cudnn.benchmark
     try:
-        apply_runtime(RuntimeSettings(1, True, "fixed training shapes"))
+        apply_runtime(RuntimeSettings(1, True, "fixed training shapes", "OMP_NUM_THREADS=1"))
         assert (torch.get_num_threads(), torch.backends.cudnn.benchmark) == (1, True)
-        apply_runtime(RuntimeSettings(2, False, "--rect"))
+        apply_runtime(RuntimeSettings(2, False, "--rect", "2 cores / 1 local ranks - 0 loader workers"))
         assert (torch.get_num_threads(), torch.backends.cudnn.benchmark) == (2, False)
     finally:
         torch.set_num_threads(threads)
