@@ -11,7 +11,9 @@
 #        pipeline, "release-ourdata": the release's trainer on ours, bench/release_reference/swap.py;
 #        "ours-gpuloader": ours with --loader gpu, the GPU data path run on the CPU device, issue 40),
 #        EPOCHS (30), IMGSZ (256), BATCH (16), WORKERS (2),
-#        DATA_KIND (shapes; or textured: bench/make_textured_dataset.py, issue 38; its data under OUT_DIR/data-textured),
+#        DATA_KIND ("shapes textured", the default set since issue 38: each kind in its own OUT_DIR/<kind>, one
+#        table each; one kind: that kind only, in OUT_DIR itself as before. shapes: make_shapes_dataset, its data
+#        under OUT_DIR/data; textured: bench/make_textured_dataset.py, its data under OUT_DIR/data-textured),
 #        CFG (yolov5n), N_TRAIN (1000), N_VAL (200), WIDTH (320), HEIGHT (240), DATA_SEED (0), CPUS (2),
 #        BASE_IMAGE (an image with python3, torch, torchvision, OpenCV, PyYAML: the stand-in base),
 #        BEFORE_REF (a git revision: adds the variant "ours-before" trained by that revision's code),
@@ -32,7 +34,20 @@ SEEDS="${SEEDS:-0 1}" VARIANTS="${VARIANTS:-release ours}" EPOCHS="${EPOCHS:-30}
 BATCH="${BATCH:-16}" WORKERS="${WORKERS:-2}" CFG="${CFG:-yolov5n}" N_TRAIN="${N_TRAIN:-1000}" N_VAL="${N_VAL:-200}"
 WIDTH="${WIDTH:-320}" HEIGHT="${HEIGHT:-240}" DATA_SEED="${DATA_SEED:-0}" CPUS="${CPUS:-2}"
 OURS_ARGS="${OURS_ARGS:-}" HYP_OVERRIDE="${HYP_OVERRIDE:-}" NICE="${NICE:-10}" PARALLEL="${PARALLEL:-1}" THREADS="${THREADS:-1}"
-DATA_KIND="${DATA_KIND:-shapes}"
+DATA_KIND="${DATA_KIND:-shapes textured}"
+read -r -a kinds <<<"$DATA_KIND"
+(( ${#kinds[@]} > 0 )) || { echo "DATA_KIND is empty (give shapes, textured or both)" >&2; exit 2; }
+if (( ${#kinds[@]} > 1 )); then  # the default set: one kind after the other, each in its own folder and table
+    for kind in "${kinds[@]}"; do
+        [[ "$kind" == shapes || "$kind" == textured ]] || { echo "unknown DATA_KIND $kind (shapes, textured)" >&2; exit 2; }
+    done
+    for kind in "${kinds[@]}"; do
+        echo "== $kind data: $out/$kind" >&2
+        DATA_KIND="$kind" bash "${BASH_SOURCE[0]}" "$out/$kind" >/dev/null
+    done
+    for kind in "${kinds[@]}"; do echo "## $kind data"; echo; cat "$out/$kind/table.md"; echo; done
+    exit 0
+fi
 data_dir=data  # the shapes task keeps its folder name (earlier OUT_DIRs reuse theirs)
 [[ "$DATA_KIND" == shapes ]] || data_dir="data-$DATA_KIND"
 # default base: the stand-in base image that ./build.sh tags by content hash
