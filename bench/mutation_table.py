@@ -208,6 +208,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    asked = None",
         ("tests/unit/test_runtime.py", "-k", "omp_num_threads"),
     ),
+    Mutation(
+        "serving-jit-optimized",
+        "the endpoint lets TorchScript optimize after the first request (later answers differ in the last bits)",
+        "yolov5_smddp/serving/inference.py",
+        "    with torch.jit.optimized_execution(False):",
+        "    with torch.jit.optimized_execution(True):",
+        ("tests/unit/test_serving.py", "-k", "same_bits"),
+    ),
 )
 
 

@@ -120,6 +120,26 @@ def _handler_module(folder):
     return module
 
 
+def test_every_request_gets_the_same_bits(folder, scene, monkeypatch):
+    """TorchScript's profiling executor would run the first call as exported and later ones through a graph
+    it optimized (torch 2.6 on the CPU: 3e-8 apart, enough to flip a near-tie of this random model): the
+    handler runs every request unoptimized, so the same image gets the same answer every time."""
+    handler = _handler_module(folder)
+    model = handler.model_fn(str(folder[0]))
+    torch.manual_seed(0)
+    x = torch.rand(1, 3, *model["imgsz"])
+    x = x.half() if model["half"] else x
+    with torch.inference_mode():
+        raw = [handler.forward(model, x) for _ in range(4)]
+    assert raw[0].shape[-1] == 5 + 3
+    assert all(torch.equal(raw[0], r) for r in raw[1:]), [(raw[0] - r).abs().max().item() for r in raw[1:]]
+    rgb = cv2.cvtColor(cv2.imread(str(scene)), cv2.COLOR_BGR2RGB)
+    monkeypatch.setenv("YOLOV5_CONF", str(CONF))
+    served = [handler.predict_fn(rgb, model) for _ in range(3)]
+    assert len(served[0]["detections"]) > 3
+    assert served[1] == served[0] and served[2] == served[0]
+
+
 def test_handler_rejects_what_it_cannot_read(folder, monkeypatch):
     handler = _handler_module(folder)
     with pytest.raises(ValueError, match="unsupported content type 'text/csv'") as refused:

@@ -348,6 +348,20 @@ def nms(pred: torch.Tensor, conf: float, iou: float, max_det: int) -> torch.Tens
     return det[keep[:max_det]]
 
 
+def forward(model: dict, x: torch.Tensor) -> torch.Tensor:
+    """The detector's raw predictions [1, anchors, 5 + nc] for the batch `x`, the same bits on every request.
+
+    TorchScript's profiling executor runs a module's first call(s) as written and later ones through the
+    graph it optimized from them; the two differ in the last bits (torch 2.6 on the CPU: 3e-8), enough to
+    flip a near-tie at the score or IoU threshold, so the first request could be answered differently from
+    the next ones with the same image, and from `yolov5-smddp predict`. Optimization off: every request runs
+    the graph as exported (what predict computes; on the CPU no slower, measured); a conv-SiLU detector has
+    nothing for the fuser to gain."""
+    with torch.jit.optimized_execution(False):
+        pred = model["module"](x)
+    return pred[0] if isinstance(pred, list | tuple) else pred
+
+
 def predict_fn(data: np.ndarray, model: dict) -> dict:
     """RGB image → predict's JSON object (boxes in original pixels)."""
     conf, iou, max_det = thresholds()
@@ -356,9 +370,7 @@ def predict_fn(data: np.ndarray, model: dict) -> dict:
     x = torch.from_numpy(padded).permute(2, 0, 1)[None].to(model["device"])
     x = x.half() / 255 if model["half"] else x.float() / 255
     with torch.inference_mode():
-        pred = model["module"](x)
-        if isinstance(pred, list | tuple):
-            pred = pred[0]
+        pred = forward(model, x)
         det = nms(pred[0].float(), conf, iou, max_det).cpu()
         det[:, [0, 2]] = ((det[:, [0, 2]] - pw) / rw).clamp(0, w0)
         det[:, [1, 3]] = ((det[:, [1, 3]] - ph) / rh).clamp(0, h0)
