@@ -7,12 +7,16 @@ without the all-reduce) is far outside the tolerance, and the ranks would no lon
 
 Tolerances: the reference and DDP add the same per-batch gradients in a different order (DDP sums each
 rank's 2 micro-steps, then the 2 ranks; the reference adds the 4 in turn), so in float32 they differ by
-rounding, which 3 SGD steps through batch norm on 4-image batches amplify: measured 4.8e-7 absolute at
-most, and 5.7e-5 of the largest magnitude of a tensor (a small BN bias). The construction itself is exact:
-run in float64 the same comparison gives 1.1e-15 and 1.7e-13. ATOL / RTOL leave a margin of about 20x over
-the float32 numbers and sit 3 orders of magnitude below what a missing all-reduce moves the weights
-(`alone`: measured 1.3e-2 absolute, 1.5 relative; `test_tolerance_...` keeps that gap checked).
-The 2 ranks apply the same all-reduced gradient, so they must agree bit for bit.
+rounding, which 3 SGD steps through batch norm on 4-image batches amplify, by an amount that depends on the
+order, the CPU's kernels and the torch version. Measured (max absolute difference / max of a tensor's
+difference over its largest magnitude, always a small BN bias): 4.8e-7 / 5.7e-5 on the machines of the
+first runs; on an AVX2-only AMD EPYC with torch 2.5.1, DDP 9.9e-6 / 1.15e-3, and the reference's 4 batches
+of each step merely re-ordered (8 random orders, one process, no DDP) 1.0e-5 / 1.16e-3 for 7 of them and
+5.6e-7 / 8.0e-5 for one (torch 2.6 on the same CPU: 5.5e-7 / 6.3e-5). The construction itself is exact:
+run in float64 the same comparison gives 1.1e-15 and 1.7e-13. ATOL / RTOL leave a margin of about 10x over
+the largest float32 numbers measured and sit 130x / 150x below what a missing all-reduce moves the
+weights (`alone`: measured 1.3e-2 absolute, 1.5 relative; `test_tolerance_...` keeps that gap
+checked). The 2 ranks apply the same all-reduced gradient, so they must agree bit for bit.
 """
 
 import shutil
@@ -24,7 +28,7 @@ from ddp_equivalence_worker import MICRO_STEPS, SHARDS
 from launchers import mpirun, single, torchrun
 
 WORKER = Path(__file__).parent / "ddp_equivalence_worker.py"
-ATOL, RTOL = 1e-5, 1e-3
+ATOL, RTOL = 1e-4, 1e-2
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +96,7 @@ def test_tolerance_is_far_below_what_a_missing_all_reduce_moves(reference, alone
     """Rank 0 without the all-reduce (its own batches only, the loss still times 2) ends far outside the
     tolerance: the comparison above can see the all-reduce."""
     absolute, relative = _differences(reference["params"], alone["params"])
-    assert absolute > 100 * ATOL and relative > 100 * RTOL, (absolute, relative)
+    assert absolute > 50 * ATOL and relative > 50 * RTOL, (absolute, relative)  # 1.3e-2, 1.5 measured
 
 
 def test_params_actually_moved(reference):
