@@ -216,6 +216,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    with torch.jit.optimized_execution(True):",
         ("tests/unit/test_serving.py", "-k", "same_bits"),
     ),
+    Mutation(
+        "predict-torchscript-optimized",
+        "predict's TorchScript backend lets the executor switch to its optimized graph after the first call",
+        "yolov5_smddp/exported_models.py",
+        "        with torch.no_grad(), torch.jit.optimized_execution(False):",
+        "        with torch.no_grad(), torch.jit.optimized_execution(True):",
+        ("tests/unit/test_export.py", "-k", "as_exported"),
+    ),
 )
 
 

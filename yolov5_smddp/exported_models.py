@@ -90,7 +90,9 @@ class TorchScriptDetector:
         return self.shape
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
+        # the graph as exported on every call, as the endpoint's handler runs it (serving/inference.py's
+        # forward): TorchScript's optimizing executor would switch graphs after the first call(s)
+        with torch.no_grad(), torch.jit.optimized_execution(False):
             return self.module(images.to(self.device, self.dtype)).float()
 
 

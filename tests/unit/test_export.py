@@ -15,6 +15,7 @@ from detections import assert_same_detections, randomise_batchnorm, scene_image
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.export import ExportOptions, export_model, names_literal
+from yolov5_smddp.exported_models import TorchScriptDetector
 from yolov5_smddp.models.weights import load_model, save_weights
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.onnx_model import parse_names
@@ -79,6 +80,19 @@ def test_torchscript_matches_the_torch_model(exported):
     error = relative_error(got, ref)
     print(f"yolov5{size} torchscript max relative error {error:.2e}")
     assert error < TOLERANCE
+
+
+def test_predict_runs_a_torchscript_file_as_exported_on_every_call(tmp_path):
+    """predict's TorchScript backend answers image after image with the graph as exported: the bits of a
+    freshly loaded module's first call (TorchScript optimizes after it), as the endpoint's handler does."""
+    path = export_model(_model("n"), tmp_path / "best", ExportOptions(imgsz=(160, 160)))["torchscript"]
+    x = torch.rand(1, 3, 160, 160, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        first = torch.jit.load(str(path), map_location="cpu")(x)
+    detector = TorchScriptDetector(path, torch.device("cpu"))
+    assert detector.fixed_size() == (160, 160)
+    got = [detector(x) for _ in range(4)]
+    assert all(torch.equal(first, g) for g in got), [(first - g).abs().max().item() for g in got]
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
