@@ -355,8 +355,8 @@ def forward(model: dict, x: torch.Tensor) -> torch.Tensor:
     graph it optimized from them; the two differ in the last bits (torch 2.6 on the CPU: 3e-8), enough to
     flip a near-tie at the score or IoU threshold, so the first request could be answered differently from
     the next ones with the same image, and from `yolov5-smddp predict`. Optimization off: every request runs
-    the graph as exported (what predict computes; on the CPU no slower, measured); a conv-SiLU detector has
-    nothing for the fuser to gain."""
+    the graph as exported (what predict computes; on the CPU no slower within noise, measured); a conv-SiLU
+    detector leaves the fuser little to gain."""
     with torch.jit.optimized_execution(False):
         pred = model["module"](x)
     return pred[0] if isinstance(pred, list | tuple) else pred
