@@ -115,6 +115,7 @@ def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
                 "ok": equal and math.isfinite(loss),
             },
         )
+    del step  # the DDP wrapper: garbage from here, so leaving the group ends its backend (distributed.py)
     distributed.teardown(0)
 
 

@@ -172,11 +172,8 @@ def _worker(
     emulate_device_ms: float,
 ) -> None:
     import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     from yolov5_smddp import distributed
-    from yolov5_smddp.models.yolo import build_model
 
     torch.set_num_threads(1)
     info = distributed.DistInfo(
@@ -192,68 +189,82 @@ def _worker(
     )
     distributed.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
     try:
-        torch.manual_seed(0)
-        model = build_model(cfg).train()
-        profile = gradient_profile(build_model(cfg).train().to("meta"))  # work shares do not depend on imgsz
-        tensor_bytes = profile.tensor_bytes(4)  # fp32 gradients
-        images = torch.rand(batch, 3, imgsz, imgsz)
-        if emulate_device_ms > 0:
-            _emulate_device_backward(model, images, emulate_device_ms / 1e3)
-        ddp = DistributedDataParallel(
-            model, gradient_as_bucket_view=True
-        )  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
-        switch = _CommSwitch(world_size)
-        ddp.register_comm_hook(switch, _switchable_allreduce)
+        raw = _measure(rank, world_size, cfg, imgsz, batch, iters, emulate_device_ms)
+    except BaseException:
+        distributed.teardown(None)
+        raise
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(raw))
+    # as the trainer leaves: the final barrier, then the store's host (rank 0) last; the DDP wrapper
+    # built by _measure is garbage by now, so leaving the group frees its backend (distributed.py)
+    distributed.teardown(0)
 
-        def step(kind: str) -> tuple[float, float]:
-            switch.communicate = kind == "sync"
-            context = ddp.no_sync if kind == "no_sync" else contextlib.nullcontext
-            dist.barrier()
+
+def _measure(
+    rank: int, world_size: int, cfg: str, imgsz: int, batch: int, iters: int, emulate_device_ms: float
+) -> dict:
+    """The measurement on this rank, in the process group: its timings, and the buckets (JSON-ready)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from yolov5_smddp.models.yolo import build_model
+
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    profile = gradient_profile(build_model(cfg).train().to("meta"))  # work shares do not depend on imgsz
+    tensor_bytes = profile.tensor_bytes(4)  # fp32 gradients
+    images = torch.rand(batch, 3, imgsz, imgsz)
+    if emulate_device_ms > 0:
+        _emulate_device_backward(model, images, emulate_device_ms / 1e3)
+    ddp = DistributedDataParallel(
+        model, gradient_as_bucket_view=True
+    )  # as the trainer; an explicit bucket_cap_mb would also cap the first bucket
+    switch = _CommSwitch(world_size)
+    ddp.register_comm_hook(switch, _switchable_allreduce)
+
+    def step(kind: str) -> tuple[float, float]:
+        switch.communicate = kind == "sync"
+        context = ddp.no_sync if kind == "no_sync" else contextlib.nullcontext
+        dist.barrier()
+        start = time.perf_counter()
+        with context():
+            outputs = ddp(images)
+            loss = sum(o.mean() for o in outputs)
+            forward_done = time.perf_counter()
+            loss.backward()
+        end = time.perf_counter()
+        # zeroed in place, not freed: every kind of step then accumulates into the same gradient tensors
+        # (DDP's bucket views), so no kind is charged for memory another allocates
+        ddp.zero_grad(set_to_none=False)
+        return forward_done - start, end - forward_done
+
+    for _ in range(WARMUP_STEPS):
+        step("sync")
+    timings: dict[str, list[tuple[float, float]]] = {kind: [] for kind in STEP_KINDS}
+    for i in range(iters):
+        for k in range(len(STEP_KINDS)):  # rotate the order to cancel drift
+            kind = STEP_KINDS[(i + k) % len(STEP_KINDS)]
+            timings[kind].append(step(kind))
+
+    buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
+    bucket_tensors = [torch.zeros(sum(tensor_bytes[i] for i in b) // 4) for b in buckets]
+    per_bucket: list[list[float]] = [[] for _ in buckets]
+    for _ in range(COMM_REPEATS):
+        dist.barrier()
+        for k, tensor in enumerate(bucket_tensors):
             start = time.perf_counter()
-            with context():
-                outputs = ddp(images)
-                loss = sum(o.mean() for o in outputs)
-                forward_done = time.perf_counter()
-                loss.backward()
-            end = time.perf_counter()
-            # zeroed in place, not freed: every kind of step then accumulates into the same gradient tensors
-            # (DDP's bucket views), so no kind is charged for memory another allocates
-            ddp.zero_grad(set_to_none=False)
-            return forward_done - start, end - forward_done
+            dist.all_reduce(tensor)
+            per_bucket[k].append(time.perf_counter() - start)
 
-        for _ in range(WARMUP_STEPS):
-            step("sync")
-        timings: dict[str, list[tuple[float, float]]] = {kind: [] for kind in STEP_KINDS}
-        for i in range(iters):
-            for k in range(len(STEP_KINDS)):  # rotate the order to cancel drift
-                kind = STEP_KINDS[(i + k) % len(STEP_KINDS)]
-                timings[kind].append(step(kind))
-
-        buckets = ddp_buckets(tensor_bytes, ready_order=profile.ready_order)
-        bucket_tensors = [torch.zeros(sum(tensor_bytes[i] for i in b) // 4) for b in buckets]
-        per_bucket: list[list[float]] = [[] for _ in buckets]
-        for _ in range(COMM_REPEATS):
-            dist.barrier()
-            for k, tensor in enumerate(bucket_tensors):
-                start = time.perf_counter()
-                dist.all_reduce(tensor)
-                per_bucket[k].append(time.perf_counter() - start)
-
-        if rank == 0:
-            Path(out_path).write_text(
-                json.dumps(
-                    {
-                        **timings,
-                        "bucket_s": [statistics.median(t) for t in per_bucket],
-                        "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
-                        "gradient_bytes": sum(tensor_bytes),
-                        "model_bucket_bytes": [sum(tensor_bytes[i] for i in b) for b in buckets],
-                        "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
-                    }
-                )
-            )
-    finally:
-        distributed.destroy()
+    return {
+        **timings,
+        "bucket_s": [statistics.median(t) for t in per_bucket],
+        "ready": bucket_ready_fractions(buckets, profile.work, profile.ready_order),
+        "gradient_bytes": sum(tensor_bytes),
+        "model_bucket_bytes": [sum(tensor_bytes[i] for i in b) for b in buckets],
+        "ddp_bucket_bytes": _ddp_bucket_bytes(ddp),
+    }
 
 
 def measure_overlap(

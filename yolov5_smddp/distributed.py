@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import importlib
 import logging
 import math
@@ -334,6 +335,12 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
         return device
     if backend == "smddp":
         smddp_importable()  # registers the backend
+    # Imported before the group exists, so that its functions' `group=group.WORLD` defaults bind None:
+    # imported after (DDP's constructor imports torch._dynamo, which imports it), they would hold the
+    # default group for the life of the process, destroy_process_group() would never free the backend,
+    # and its worker threads would outlive teardown (see _destroy_process_group).
+    import torch.distributed.nn.functional  # noqa: F401
+
     # Our own TCPStore: SMDDP's mpirun launcher exports neither RANK nor MASTER_*, and torch's env://
     # client ignores USE_LIBUV under torchrun. Rank 0 hosts the store unless torchrun's agent does.
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -563,10 +570,22 @@ def _flush_outputs() -> None:
 
 
 def _destroy_process_group() -> None:
-    """destroy_process_group() with the backends' (blocking) destructors run without the GIL."""
+    """destroy_process_group() with the backends' (blocking) destructors run without the GIL.
+
+    That only holds when our reference is the backend's last one. Two things used to hold others
+    (a Gloo rank aborted at exit, "terminate called without an active exception", CI of stop 47):
+    a finished DistributedDataParallel, which sits in a reference cycle (its Reducer holds the group)
+    until the garbage collector runs, collected here while the group is still registered; and the
+    `group=group.WORLD` defaults of torch.distributed.nn.functional, imported before the group exists
+    by init(). Otherwise the backend outlives this call: its worker threads keep running, a later
+    collection destroys it with the GIL held (issue 10's hang), or the interpreter's finalization finds
+    a worker thread still letting go of a finished collective's tensors, which needs the GIL, and the
+    process aborts (SIGABRT) after its outputs are written.
+    """
     import torch
     import torch.distributed as dist
 
+    gc.collect()
     group = dist.group.WORLD
     backends = []
     for device_type in ("cpu", "cuda"):

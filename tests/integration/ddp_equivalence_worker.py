@@ -93,6 +93,13 @@ def main(out_dir: str, backend: str, expected_world_size: int, mode: str) -> Non
         )
     backend, device_type = distributed.resolve(backend, info, torch.cuda.is_available())
     device = distributed.init(info, backend, device_type, 120.0)
+    train_and_save(info, device, out_dir, mode)
+    # the DDP wrapper is garbage now: leaving the group ends its backend (yolov5_smddp.distributed)
+    distributed.teardown(0)
+
+
+def train_and_save(info: distributed.DistInfo, device: torch.device, out_dir: str, mode: str) -> None:
+    """One epoch of `mode`'s batches on this rank; the parameters and the batches seen to out_dir."""
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=NC).to(device)
     hyp = load_hyp("scratch-low")
@@ -125,7 +132,6 @@ def main(out_dir: str, backend: str, expected_world_size: int, mode: str) -> Non
     assert result.last_optimizer_iteration == len(batches) - 1 == OPTIMIZER_STEPS * accumulate - 1
     params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
     torch.save({"params": params, "batches": seen}, Path(out_dir) / f"rank{info.rank}.pt")
-    distributed.destroy()
 
 
 if __name__ == "__main__":

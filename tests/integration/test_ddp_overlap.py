@@ -5,25 +5,24 @@ import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.overlap import measure_overlap
 from bench.scaling import ddp_buckets, gradient_profile
+from yolov5_smddp import distributed
 from yolov5_smddp.models.yolo import build_model
 
 
 @pytest.fixture
-def one_process_group(monkeypatch):
+def one_process_group():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("USE_LIBUV", os.environ.get("USE_LIBUV", "0"))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    use_libuv = os.environ.get("USE_LIBUV", "0") != "0"
+    info = distributed.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun", use_libuv=use_libuv)
+    distributed.init(info, "gloo", "cpu", 60.0)  # the trainer's setup, and its leaving below
     yield
-    dist.destroy_process_group()
+    distributed.destroy()
 
 
 @pytest.mark.parametrize("cfg", ["yolov5n", pytest.param("yolov5s", marks=pytest.mark.slow)])

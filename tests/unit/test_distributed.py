@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import subprocess
@@ -547,3 +548,39 @@ def test_finalize_mpi_only_when_initialised_and_not_finalized(monkeypatch):
         mpi.Is_initialized, mpi.Is_finalized = (lambda v=initialised: v), (lambda v=finalized: v)
         assert distributed.finalize_mpi() is expected
     assert calls == ["finalize"]
+
+
+_LEAVE_AFTER_DDP = """
+import gc, json, os, socket, torch
+from torch.nn.parallel import DistributedDataParallel
+from yolov5_smddp import distributed
+from yolov5_smddp.models.yolo import build_model
+
+torch.set_num_threads(1)
+threads = lambda: set(os.listdir("/proc/self/task"))
+before = threads()
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+distributed.init(distributed.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun"), "gloo", "cpu", 30)
+joined = threads()
+
+def train_step():
+    ddp = DistributedDataParallel(build_model("yolov5n").train(), gradient_as_bucket_view=True)
+    sum(o.mean() for o in ddp(torch.rand(1, 3, 64, 64))).backward()
+
+gc.disable()  # no automatic collection: a process where none happened to run before the end
+train_step()  # the wrapper is garbage now, in a reference cycle
+distributed.teardown(0)
+print(json.dumps({"group": len(joined - before), "left": sorted(threads() - before)}))
+"""
+
+
+def test_leaving_the_group_after_ddp_ends_the_backends_threads():
+    # stop 47's CI: a rank aborted at exit ("terminate called without an active exception"). The Gloo
+    # backend outlived destroy_process_group, held by a finished DDP wrapper (a reference cycle) and by
+    # torch.distributed.nn.functional's group.WORLD defaults (imported by DDP's constructor, via
+    # torch._dynamo, after the group existed); its threads were still running at interpreter exit
+    proc = _python(_LEAVE_AFTER_DDP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["group"] >= 2  # the store's and the backend's threads: something to end
+    assert result["left"] == []  # every thread the group started has ended

@@ -201,9 +201,12 @@ def run(args: argparse.Namespace) -> int:
     if info.rank == 0:  # before the scan and the scoring: a folder that cannot be made fails at once
         make_output_folders(args)
     try:
-        return _validate(args, info)
-    finally:
-        distributed.destroy()
+        code = _validate(args, info)
+    except BaseException:
+        distributed.teardown(None)  # bounded; the failure goes on to be reported
+        raise
+    distributed.teardown(code)  # the final barrier, the store's host last, as after training
+    return code
 
 
 def make_output_folders(args: argparse.Namespace) -> None:
