@@ -189,7 +189,7 @@ def _worker(
     )
     distributed.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
     try:
-        raw = _measure(rank, world_size, cfg, imgsz, batch, iters, emulate_device_ms)
+        raw = _measure(world_size, cfg, imgsz, batch, iters, emulate_device_ms)
     except BaseException:
         distributed.teardown(None)
         raise
@@ -200,9 +200,7 @@ def _worker(
     distributed.teardown(0)
 
 
-def _measure(
-    rank: int, world_size: int, cfg: str, imgsz: int, batch: int, iters: int, emulate_device_ms: float
-) -> dict:
+def _measure(world_size: int, cfg: str, imgsz: int, batch: int, iters: int, emulate_device_ms: float) -> dict:
     """The measurement on this rank, in the process group: its timings, and the buckets (JSON-ready)."""
     import torch
     import torch.distributed as dist

@@ -3,13 +3,10 @@ and that a training run applies and logs them."""
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from child_python import run_python
 from tiny_training import tiny_training
 
 from yolov5_smddp.runtime import (
@@ -116,6 +113,7 @@ def test_apply_sets_torch(monkeypatch):
 # (yolov5_smddp/data/native.py, _open), named and not fixed.
 _RUNTIME_RUN = """
 import dataclasses, json, os, sys
+os.environ.pop("OMP_NUM_THREADS", None)
 from yolov5_smddp import trainer
 from yolov5_smddp.commands.train import main
 
@@ -133,12 +131,7 @@ def test_a_training_run_applies_and_logs_them(tmp_path):
     data = make_default_dataset(tmp_path / "data", n_train=4, n_val=2, imgsz=64, seed=1)
     out = tmp_path / "run"
     argv = tiny_training(out, data, "--epochs", "1", "--noplots", batch_size=2, workers=2)
-    repo = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNTIME_RUN, *argv], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = run_python(_RUNTIME_RUN, *argv, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     why = "6 cores / 1 local ranks - 2 loader workers"
