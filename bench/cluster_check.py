@@ -8,7 +8,7 @@
 
 ddp2: two ranks on the one GPU with Gloo carrying CUDA tensors (NCCL refuses two ranks on one device), the
 trainer's DDP wrapping and TrainStep on synthetic batches; then every rank's parameter checksum, gathered
-with distributed.all_gather_rows (CUDA tensors through Gloo), must be equal. syncs: the engine's
+with process_group.all_gather_rows (CUDA tensors through Gloo), must be equal. syncs: the engine's
 TrainStep (micro-step + optimizer step) per AMP mode with torch.cuda.set_sync_debug_mode("warn"), counting
 the host syncs of each step after a warm-up (the training step is meant to have none). On a CPU (SMOKE=1)
 the same code runs with Gloo on the CPU, and no sync is counted ("n/a").
@@ -33,9 +33,9 @@ def _write(path: str | Path, payload: dict) -> None:
 
 def _step_for(model, device, amp, batch: int, imgsz: int, world: int, ddp: bool):
     from yolov5_smddp.benchmarks.train import bench_training_stack
-    from yolov5_smddp.config import load_hyp
-    from yolov5_smddp.engine import TrainStep
-    from yolov5_smddp.optim_recipe import wrap_ddp
+    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.train.engine import TrainStep
+    from yolov5_smddp.train.optim_recipe import wrap_ddp
 
     stack = bench_training_stack(
         model, load_hyp("scratch-low"), nc=NC, imgsz=imgsz, batch=batch * world, amp=amp
@@ -66,7 +66,7 @@ def _batch(batch: int, imgsz: int, seed: int):
 def _amp(mode: str, device):
     import torch
 
-    from yolov5_smddp.engine import resolve_amp
+    from yolov5_smddp.train.engine import resolve_amp
 
     return resolve_amp(
         mode, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
@@ -82,12 +82,12 @@ def dataset(root: str, imgsz: str, n_train: str, n_val: str) -> None:
 def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
     import torch
 
-    from yolov5_smddp import distributed
+    from yolov5_smddp.distributed import process_group
     from yolov5_smddp.models.yolo import build_model
 
-    info = distributed.detect_dist_info(os.environ)
+    info = process_group.detect_dist_info(os.environ)
     cuda = torch.cuda.is_available()
-    device = distributed.init(info, "gloo", "cuda" if cuda else "cpu", 300.0)
+    device = process_group.init(info, "gloo", "cuda" if cuda else "cpu", 300.0)
     torch.manual_seed(0)  # the same initial weights on both ranks (DDP broadcasts rank 0's anyway)
     model = build_model("yolov5n", nc=NC).to(device).train()
     step = _step_for(model, device, _amp("auto", device), int(batch), int(imgsz), info.world_size, ddp=True)
@@ -98,7 +98,7 @@ def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
         step.optimizer_step()
     flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
     checksum = torch.stack([flat.sum(), (flat * flat).sum()]).reshape(1, 2)
-    sums = distributed.all_gather_rows(checksum.to(device))
+    sums = process_group.all_gather_rows(checksum.to(device))
     loss = float(torch.stack(losses).sum().cpu())
     if info.rank == 0:
         equal = all(torch.equal(s, sums[0]) for s in sums)
@@ -115,8 +115,8 @@ def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
                 "ok": equal and math.isfinite(loss),
             },
         )
-    del step  # the DDP wrapper: garbage from here, so leaving the group ends its backend (distributed.py)
-    distributed.teardown(0)
+    del step  # the DDP wrapper: garbage from here, so leaving the group ends its backend (process_group.py)
+    process_group.teardown(0)
 
 
 def syncs(out: str, amps: str, steps: str, imgsz: str, batch: str) -> None:

@@ -45,7 +45,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "grads-never-all-reduced",
         "every micro-step inside DDP's no_sync(): ranks never average their gradients",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()",
         "context = no_sync() if no_sync is not None else contextlib.nullcontext()",
         ("tests/integration/test_ddp_equivalence.py", "-k", "torchrun and gloo"),
@@ -53,7 +53,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "loss-not-scaled-by-world-size",
         "the loss is not multiplied by the world size (DDP's averaging then shrinks every update)",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "loss = loss.float() * self.loss_multiplier",
         "loss = loss.float()",
         ("tests/integration/test_ddp_equivalence.py", "-k", "torchrun and gloo"),
@@ -61,7 +61,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "trainer-passes-no-world-size",
         "the trainer builds its step with loss multiplier 1 under DDP",
-        "yolov5_smddp/optim_recipe.py",
+        "yolov5_smddp/train/optim_recipe.py",
         "    return float(info.world_size) if info.distributed else 1.0",
         "    return 1.0",
         (
@@ -74,7 +74,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "ema-never-updated",
         "the optimizer step no longer updates the EMA",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "            self.ema.update(self.model)",
         "            pass",
         ("tests/unit/test_trainer.py",),
@@ -82,7 +82,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "lr-one-epoch-off",
         "after warmup the learning rate follows this epoch's factor instead of the previous one's",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "return epoch if epoch <= warmup_end_epoch else epoch - 1",
         "return epoch if epoch <= warmup_end_epoch else epoch",
         ("tests/unit/test_trainer.py",),
@@ -90,7 +90,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "map-iou-thresholds-shifted",
         "mAP50-95's IoU thresholds 0.55:1.0 instead of 0.5:0.95",
-        "yolov5_smddp/metrics.py",
+        "yolov5_smddp/detection/metrics.py",
         "IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)",
         "IOU_THRESHOLDS = torch.linspace(0.55, 1.0, 10)",
         ("tests/unit/test_metrics.py",),
@@ -98,7 +98,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "nms-class-agnostic",
         "NMS suppresses across classes",
-        "yolov5_smddp/postprocess.py",
+        "yolov5_smddp/detection/postprocess.py",
         "keep = batched_nms(det[:, :4], det[:, 4], det[:, 5].long(), iou_thres)",
         "keep = nms(det[:, :4], det[:, 4], iou_thres)",
         ("tests/unit/test_postprocess.py",),
@@ -122,7 +122,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "sharded-val-drops-last-rank",
         "sharded validation leaves the last rank's match results out of the metrics",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "return metrics_from_state(unpack_states(all_predictions, all_targets), int(num_images))",
         "return metrics_from_state(unpack_states(all_predictions[:-1], all_targets[:-1]), int(num_images))",
         ("tests/unit/test_val_shard.py", "-k", "gloo"),
@@ -130,7 +130,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "sigterm-ignored",
         "the trainer ignores SIGTERM (spot interruption, StopTrainingJob): no checkpoint, no exit 143",
-        "yolov5_smddp/stop_signal.py",
+        "yolov5_smddp/train/stop_signal.py",
         "self._previous = signal.signal(signal.SIGTERM, self._handle)",
         "self._previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)",
         ("tests/integration/test_train_end_to_end.py", "-k", "sigterm_after_epoch_1"),
@@ -146,7 +146,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "amp-loss-scaler-skipped",
         "backward on the unscaled loss: the GradScaler then unscales gradients that were never scaled",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "self.scaler.scale(loss).sum().backward()",
         "loss.sum().backward()",
         ("tests/unit/test_trainer.py",),
@@ -155,7 +155,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "optimizer-step-skipped",
         "the optimizer never steps (only BatchNorm's running statistics change)",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "        self.scaler.step(self.optimizer)",
         "        pass",
         ("tests/unit/test_trainer.py",),
@@ -163,7 +163,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "optimizer-step-skipped-e2e",
         "the same, seen by the end-to-end run's learning check (mAP and train loss of the last epochs)",
-        "yolov5_smddp/engine.py",
+        "yolov5_smddp/train/engine.py",
         "        self.scaler.step(self.optimizer)",
         "        pass",
         ("tests/integration/test_train_end_to_end.py", "-k", "embedded_run_writes"),
@@ -171,7 +171,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "objectness-gate-removed",
         "NMS scores every row instead of those whose objectness passes the threshold",
-        "yolov5_smddp/postprocess.py",
+        "yolov5_smddp/detection/postprocess.py",
         "x = image_pred[image_pred[:, 4] > conf_thres]",
         "x = image_pred",
         ("tests/unit/test_postprocess.py",),
@@ -195,7 +195,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "smddp-probe-wrong-module",
         "the SMDDP probe imports the package, not the torch module that registers the backend",
-        "yolov5_smddp/distributed.py",
+        "yolov5_smddp/distributed/process_group.py",
         "importlib.import_module(SMDDP_MODULE)",
         'importlib.import_module("smdistributed")',
         ("tests/unit/test_distributed.py", "-k", "smddp_importable"),
@@ -203,7 +203,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "omp-num-threads-overridden",
         "the per-rank thread cap overrides an OMP_NUM_THREADS the user (or torchrun) set",
-        "yolov5_smddp/runtime.py",
+        "yolov5_smddp/train/runtime.py",
         "    asked = threads_asked(omp_num_threads)",
         "    asked = None",
         ("tests/unit/test_runtime.py", "-k", "omp_num_threads"),
@@ -219,7 +219,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "predict-torchscript-optimized",
         "predict's TorchScript backend lets the executor switch to its optimized graph after the first call",
-        "yolov5_smddp/exported_models.py",
+        "yolov5_smddp/inference/exported_models.py",
         "        with torch.no_grad(), torch.jit.optimized_execution(False):",
         "        with torch.no_grad(), torch.jit.optimized_execution(True):",
         ("tests/unit/test_export.py", "-k", "as_exported"),

@@ -173,10 +173,10 @@ def _worker(
 ) -> None:
     import torch
 
-    from yolov5_smddp import distributed
+    from yolov5_smddp.distributed import process_group
 
     torch.set_num_threads(1)
-    info = distributed.DistInfo(
+    info = process_group.DistInfo(
         rank=rank,
         local_rank=rank,
         world_size=world_size,
@@ -187,17 +187,17 @@ def _worker(
         launcher="torchrun",
         use_libuv=os.environ.get("USE_LIBUV", "1") != "0",
     )
-    distributed.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
+    process_group.init(info, "gloo", "cpu", timeout_s=600)  # the trainer's own process-group setup
     try:
         raw = _measure(world_size, cfg, imgsz, batch, iters, emulate_device_ms)
     except BaseException:
-        distributed.teardown(None)
+        process_group.teardown(None)
         raise
     if rank == 0:
         Path(out_path).write_text(json.dumps(raw))
     # as the trainer leaves: the final barrier, then the store's host (rank 0) last; the DDP wrapper
-    # built by _measure is garbage by now, so leaving the group frees its backend (distributed.py)
-    distributed.teardown(0)
+    # built by _measure is garbage by now, so leaving the group frees its backend (process_group.py)
+    process_group.teardown(0)
 
 
 def _measure(world_size: int, cfg: str, imgsz: int, batch: int, iters: int, emulate_device_ms: float) -> dict:

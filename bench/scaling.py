@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from yolov5_smddp.config import parse_int_list
+from yolov5_smddp.config.parsing import parse_int_list
 from yolov5_smddp.errors import ConfigError, UserError
 from yolov5_smddp.models.yolo import build_model
 

@@ -1,6 +1,6 @@
 """Deploy a trained yolov5-smddp model (the training job's model.tar.gz: best.torchscript + code/inference.py)
 to a SageMaker real-time endpoint with the Python SDK (v2 `PyTorchModel`, or v3 `ModelBuilder`). All arguments
-come from `yolov5_smddp.deploy`, which is tested without AWS; this script only turns them into SDK objects.
+come from `yolov5_smddp.client.deploy`, which is tested without AWS; this script only turns them into SDK objects.
 
     pip install "sagemaker>=2.200,<3"            # or sagemaker>=3 for --sdk v3
     python examples/deploy_sagemaker.py \
@@ -19,7 +19,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from yolov5_smddp.deploy import (
+from yolov5_smddp.client.deploy import (
     ENTRY_POINT,
     DeploySpec,
     deploy_kwargs,

@@ -1,5 +1,5 @@
 """Start a yolov5-smddp training job on Amazon SageMaker with the Python SDK (v2 `PyTorch`, or v3
-`ModelTrainer` with `Torchrun`). All arguments come from `yolov5_smddp.job`, which is tested without AWS;
+`ModelTrainer` with `Torchrun`). All arguments come from `yolov5_smddp.client.job`, which is tested without AWS;
 this script only turns them into SDK objects.
 
     pip install "sagemaker>=2.200,<3"            # or sagemaker>=3 for --sdk v3
@@ -21,14 +21,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.job import (
+from yolov5_smddp.client.job import (
     DISTRIBUTIONS,
     JobSpec,
     data_channels,
     model_trainer_kwargs,
     pytorch_estimator_kwargs,
 )
+from yolov5_smddp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ each job's metrics.json and print throughput and scaling efficiency.
     # 2. collect once the jobs are done (waits for the ones still running)
     python examples/scaling_sweep.py collect --manifest sweep.json
 
-The job arguments come from `yolov5_smddp.job.pytorch_estimator_kwargs`, the same builder as
+The job arguments come from `yolov5_smddp.client.job.pytorch_estimator_kwargs`, the same builder as
 examples/launch_sagemaker.py. Scaling efficiency(N) = throughput(N nodes) / (N × throughput(1 node)) with
 the same workers and batch per GPU. Everything but `submit_jobs` / `download_model_tar` is pure and tested
 without AWS (tests/unit/test_scaling_sweep.py).
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from yolov5_smddp.client.job import JobSpec, pytorch_estimator_kwargs
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.job import JobSpec, pytorch_estimator_kwargs
 
 METRICS_FILE = "metrics.json"
 DEFAULT_THROUGHPUT_KEY = "throughput.samples_per_sec"  # written by reporting.write_final_outputs
@@ -188,7 +188,7 @@ def submit_jobs(base: JobSpec, points: Sequence[SweepPoint]) -> list[dict]:
     from sagemaker.inputs import TrainingInput
     from sagemaker.pytorch import PyTorch
 
-    from yolov5_smddp.job import data_channels
+    from yolov5_smddp.client.job import data_channels
 
     entries = []
     for point, kwargs in zip(points, sweep_estimator_kwargs(base, points), strict=True):

@@ -1,6 +1,6 @@
 """Tune yolov5-smddp hyperparameters with SageMaker Automatic Model Tuning (SDK v2 `HyperparameterTuner`),
 the replacement for the release's `--evolve` (which does not work under DDP). All arguments come from
-`yolov5_smddp.job` (`tuner_kwargs`), which is tested without AWS; this script only turns them into SDK objects.
+`yolov5_smddp.client.job` (`tuner_kwargs`), which is tested without AWS; this script only turns them into SDK objects.
 
     pip install "sagemaker>=2.200,<3"
     python examples/tune_sagemaker.py \
@@ -24,9 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.hyp_options import hyp_key
-from yolov5_smddp.job import (
+from yolov5_smddp.client.job import (
     DISTRIBUTIONS,
     EARLY_STOPPING_TYPES,
     TUNING_STRATEGIES,
@@ -39,6 +37,8 @@ from yolov5_smddp.job import (
     data_channels,
     tuner_kwargs,
 )
+from yolov5_smddp.config.hyp_options import hyp_key
+from yolov5_smddp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

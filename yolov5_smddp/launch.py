@@ -24,10 +24,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-from yolov5_smddp import torch_patches, worker_config
+from yolov5_smddp import torch_patches
 from yolov5_smddp.commands.train import run_config
-from yolov5_smddp.config import TrainConfig
-from yolov5_smddp.distributed import DistInfo
+from yolov5_smddp.config import worker_config
+from yolov5_smddp.config.train_config import TrainConfig
+from yolov5_smddp.distributed.process_group import DistInfo
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
 
 MODES = ("torchrun", "mpirun", "single", "elastic")

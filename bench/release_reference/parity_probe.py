@@ -65,9 +65,9 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     from yolov5.utils.torch_utils import smart_optimizer
 
     from yolov5_smddp.data.loader import collate
-    from yolov5_smddp.engine import AmpPolicy, TrainStep, apply_settings, step_settings
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.optim_recipe import build_training_stack
+    from yolov5_smddp.train.engine import AmpPolicy, TrainStep, apply_settings, step_settings
+    from yolov5_smddp.train.optim_recipe import build_training_stack
 
     torch.manual_seed(0)
     ds, cfg = _our_dataset(args.data, args.imgsz, hyp, tmp)
@@ -152,7 +152,7 @@ def pipelines(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp.data.loader import collate
-    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
     from yolov5_smddp.models.weights import load_weights, transfer_state
     from yolov5_smddp.models.yolo import build_model
 

@@ -183,8 +183,8 @@ def loss_stats(
     from yolov5.utils.loss import ComputeLoss
     from yolov5.utils.metrics import bbox_iou as release_iou
 
-    from yolov5_smddp.boxes import complete_iou
-    from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.detection.boxes import complete_iou
+    from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
 
     torch.manual_seed(seed)
     nc, nl = 3, 3

@@ -120,7 +120,7 @@ def _install(out_path: Path) -> None:
     except ImportError:
         pass
     try:
-        from yolov5_smddp.ema import ModelEMA as OurEMA
+        from yolov5_smddp.train.ema import ModelEMA as OurEMA
 
         wrap_ema(OurEMA, lambda ema: float(ema.current_decay()))
     except ImportError:

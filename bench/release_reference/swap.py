@@ -59,9 +59,10 @@ class _ReleaseBatches:
 def ours_on_release(argv: list[str]) -> int:
     from yolov5.utils.dataloaders import create_dataloader
 
-    from yolov5_smddp import cli, data_pipeline
+    from yolov5_smddp import cli
+    from yolov5_smddp.train import data_wiring
 
-    original = data_pipeline.build_loaders
+    original = data_wiring.build_loaders
 
     def build_loaders(config, bundle, hyp, per_rank, info, stride, color_on_device, cache_dir):
         if color_on_device or info.world_size != 1:
@@ -98,7 +99,7 @@ def ours_on_release(argv: list[str]) -> int:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     LoadImagesAndLabels(_train_path(argv[argv.index("--data") + 1]), prefix="train (label scan): ")
-    data_pipeline.build_loaders = build_loaders
+    data_wiring.build_loaders = build_loaders
     return cli.main(argv)
 
 

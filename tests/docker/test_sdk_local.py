@@ -42,7 +42,7 @@ from sagemaker.local import LocalSession  # noqa: E402
 from sagemaker.pytorch import PyTorch  # noqa: E402
 
 from tests.docker.conftest import REPO, TINY_HPS  # noqa: E402
-from yolov5_smddp.job import OBJECTIVE_METRIC  # noqa: E402
+from yolov5_smddp.client.job import OBJECTIVE_METRIC  # noqa: E402
 from yolov5_smddp.telemetry import METRIC_DEFINITIONS  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

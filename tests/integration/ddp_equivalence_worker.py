@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from yolov5_smddp import distributed
-from yolov5_smddp.config import load_hyp
-from yolov5_smddp.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
-from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.optim_recipe import build_optimizer, loss_multiplier, wrap_ddp
+from yolov5_smddp.train.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
+from yolov5_smddp.train.optim_recipe import build_optimizer, loss_multiplier, wrap_ddp
 
 IMGSZ, PER_RANK, NC = 64, 4, 3
 SHARDS, ACCUMULATE, OPTIMIZER_STEPS = 2, 2, 3
@@ -69,7 +69,7 @@ def recorded(batches: list[tuple], seen: list[str]) -> Iterator[tuple]:
         yield batch
 
 
-def plan(mode: str, info: distributed.DistInfo) -> tuple[list[tuple], int, float]:
+def plan(mode: str, info: process_group.DistInfo) -> tuple[list[tuple], int, float]:
     """(batches, accumulation, loss multiplier) of this process; ddp and reference take the trainer's
     loss multiplier for their world size."""
     if mode == "ddp":
@@ -84,21 +84,21 @@ def plan(mode: str, info: distributed.DistInfo) -> tuple[list[tuple], int, float
 
 def main(out_dir: str, backend: str, expected_world_size: int, mode: str) -> None:
     torch.set_num_threads(1)
-    info = distributed.detect_dist_info(os.environ)
+    info = process_group.detect_dist_info(os.environ)
     wanted = SHARDS if mode == "ddp" else 1
     if expected_world_size != wanted or info.world_size != expected_world_size:
         raise SystemExit(
             f"mode {mode} needs world size {wanted}; the command line says {expected_world_size}, "
             f"the launcher started {info.world_size}"
         )
-    backend, device_type = distributed.resolve(backend, info, torch.cuda.is_available())
-    device = distributed.init(info, backend, device_type, 120.0)
+    backend, device_type = process_group.resolve(backend, info, torch.cuda.is_available())
+    device = process_group.init(info, backend, device_type, 120.0)
     train_and_save(info, device, out_dir, mode)
-    # the DDP wrapper is garbage now: leaving the group ends its backend (yolov5_smddp.distributed)
-    distributed.teardown(0)
+    # the DDP wrapper is garbage now: leaving the group ends its backend (yolov5_smddp.distributed.process_group)
+    process_group.teardown(0)
 
 
-def train_and_save(info: distributed.DistInfo, device: torch.device, out_dir: str, mode: str) -> None:
+def train_and_save(info: process_group.DistInfo, device: torch.device, out_dir: str, mode: str) -> None:
     """One epoch of `mode`'s batches on this rank; the parameters and the batches seen to out_dir."""
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=NC).to(device)

@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.overlap import measure_overlap
 from bench.scaling import ddp_buckets, gradient_profile
-from yolov5_smddp import distributed
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.models.yolo import build_model
 
 
@@ -19,10 +19,10 @@ def one_process_group():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     use_libuv = os.environ.get("USE_LIBUV", "0") != "0"
-    info = distributed.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun", use_libuv=use_libuv)
-    distributed.init(info, "gloo", "cpu", 60.0)  # the trainer's setup, and its leaving below
+    info = process_group.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun", use_libuv=use_libuv)
+    process_group.init(info, "gloo", "cpu", 60.0)  # the trainer's setup, and its leaving below
     yield
-    distributed.destroy()
+    process_group.destroy()
 
 
 @pytest.mark.parametrize("cfg", ["yolov5n", pytest.param("yolov5s", marks=pytest.mark.slow)])

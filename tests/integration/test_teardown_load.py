@@ -8,7 +8,7 @@ must have left by itself (no "teardown watchdog" line). How long the job took to
 line ("done: ...", printed once the outputs are written) is reported for each round, not asserted: on an
 overloaded machine the interpreters' own exit can take longer than the 60 s the teardown is bounded by.
 
-Without the fix (torch 2.6's Gloo teardown deadlock, see yolov5_smddp.distributed.teardown) a round hangs
+Without the fix (torch 2.6's Gloo teardown deadlock, see yolov5_smddp.distributed.process_group.teardown) a round hangs
 now and then; tests/unit/test_distributed.py covers the watchdog that bounds the teardown itself.
 """
 
@@ -43,15 +43,15 @@ CYCLE_WORKER = """
 import faulthandler, signal, sys
 import torch
 import torch.distributed as dist
-from yolov5_smddp import distributed
+from yolov5_smddp.distributed import process_group
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 rank, folder, cycles = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for cycle in range(cycles):
     store = dist.FileStore(f"{folder}/store{cycle}", 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     dist.all_reduce(torch.ones(16))  # Python lets go of the tensor; Gloo's worker may still hold it
-    distributed.broadcast_ints((cycle,))
-    distributed.destroy()
+    process_group.broadcast_ints((cycle,))
+    process_group.destroy()
 print(f"rank {rank}: {cycles} cycles", flush=True)
 """
 

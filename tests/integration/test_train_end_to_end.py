@@ -334,8 +334,8 @@ def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):
     """--time 0.01 h (36 s) with every epoch counted as 10 s (the hidden clock hook: no wall time involved).
     After epoch 1 the plan is 3 epochs in all (10 s used, 26 s left), it stays 3, and the run ends there
     with the usual final validation and model folder; from epoch 2 on the learning rate follows 3 epochs."""
-    from yolov5_smddp.config import load_hyp
-    from yolov5_smddp.engine import step_settings
+    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.train.engine import step_settings
 
     data = _tiny_dataset(tmp_path / "data")  # 64 train images: 16 batches of 4 an epoch
     out = tmp_path / "run"

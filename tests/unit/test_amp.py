@@ -2,8 +2,8 @@
 
 import pytest
 
-from yolov5_smddp.engine import AmpPolicy, resolve_amp
 from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.train.engine import AmpPolicy, resolve_amp
 
 V100, T4, A100, A10G, H100 = (7, 0), (7, 5), (8, 0), (8, 6), (9, 0)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.files.atomic import atomic_write
 
 
 @pytest.fixture

@@ -183,7 +183,7 @@ def test_bench_train_times_the_colour_on_the_device_batch(tmp_path):
     """`--color-aug device`: the staged batches carry colour parameters and the step applies them (on
     CPU that costs far more than the workers' OpenCV, which is why `auto` keeps them there)."""
     from yolov5_smddp.benchmarks import inputs
-    from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.config.hyp import load_hyp
 
     staged = inputs.staged_synthetic(2, 64, 3, torch.device("cpu"), hyp=load_hyp("scratch-low"))
     assert all(color is not None and color.shape == (2, 6) for _, _, color in staged)
@@ -209,10 +209,12 @@ def test_bench_and_trainer_build_the_same_training_stack():
     import torch
 
     from yolov5_smddp.benchmarks.train import bench_training_stack
-    from yolov5_smddp.config import TrainConfig, load_hyp, plan_batch
-    from yolov5_smddp.engine import resolve_amp
+    from yolov5_smddp.config.batch import plan_batch
+    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.train_config import TrainConfig
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.optim_recipe import build_training_stack
+    from yolov5_smddp.train.engine import resolve_amp
+    from yolov5_smddp.train.optim_recipe import build_training_stack
 
     hyp = load_hyp("scratch-low")
     amp = resolve_amp("off", "cpu", None)

@@ -7,12 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from yolov5_smddp.budget import TimeBudget, counting_clock, epochs_within_budget
-from yolov5_smddp.checkpoint import RunState
-from yolov5_smddp.config import BatchPlan, TrainConfig, load_hyp, parse_train_args
-from yolov5_smddp.engine import lr_factor
+from yolov5_smddp.config.batch import BatchPlan
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.train_config import TrainConfig, parse_train_args
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.trainer import Run
+from yolov5_smddp.train.budget import TimeBudget, counting_clock, epochs_within_budget
+from yolov5_smddp.train.checkpoint import RunState
+from yolov5_smddp.train.engine import lr_factor
+from yolov5_smddp.train.trainer import Run
 
 
 def test_epochs_that_fit_round_down():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp import checkpoint
 from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.train import checkpoint
 
 
 def test_round_trip_with_weights_only_and_rng(tmp_path):
@@ -59,7 +59,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_interrupted_message_names_the_checkpoint_and_how_to_resume(tmp_path):
-    from yolov5_smddp.checkpoint import interrupted_message
+    from yolov5_smddp.train.checkpoint import interrupted_message
 
     assert interrupted_message("after epoch 2", tmp_path) == (
         f"interrupted after epoch 2: checkpoint {tmp_path / 'last.pt'} written; resume with --resume {tmp_path / 'last.pt'} "
@@ -68,7 +68,7 @@ def test_interrupted_message_names_the_checkpoint_and_how_to_resume(tmp_path):
 
 
 def test_run_state_round_trips_through_a_checkpoint(tmp_path):
-    from yolov5_smddp.checkpoint import RunState, load_checkpoint, save_checkpoint
+    from yolov5_smddp.train.checkpoint import RunState, load_checkpoint, save_checkpoint
 
     state = RunState(
         epoch=3, iteration=120, best_fitness=0.25, stale_epochs=1, history=[{"epoch": 1, "fitness": 0.25}]

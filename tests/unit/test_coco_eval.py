@@ -13,7 +13,7 @@ from cocotree import ColourOracle, write_coco_dataset
 from datatree import watch
 
 from yolov5_smddp.data import coco
-from yolov5_smddp.metrics import (
+from yolov5_smddp.detection.metrics import (
     MetricAccumulator,
     crowd_ignored,
     match_predictions,

@@ -1,4 +1,4 @@
-"""The collectives of yolov5_smddp.distributed put only float32 through all_gather / broadcast /
+"""The collectives of yolov5_smddp.distributed.process_group put only float32 through all_gather / broadcast /
 all_reduce(SUM) / barrier, and carry any dtype exactly; the strict SMDDP stand-in refuses the rest."""
 
 import datetime
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from yolov5_smddp import distributed
 from yolov5_smddp.commands.val import detection_json
-from yolov5_smddp.distributed import decode_exact, encode_exact
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed.process_group import decode_exact, encode_exact
 from yolov5_smddp.models.autoanchor import AnchorCheck
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -59,14 +59,14 @@ def test_encode_exact_values():
 
 
 def test_alone_the_helpers_hand_back_their_input():
-    assert not distributed.is_initialized()
+    assert not process_group.is_initialized()
     t = torch.tensor([[1, 2]], dtype=torch.int64)
-    copy = distributed.broadcast_tensor(t)
+    copy = process_group.broadcast_tensor(t)
     assert torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
-    assert distributed.broadcast_ints((2**62, -1, True)) == (2**62, -1, 1)
-    assert [g.tolist() for g in distributed.all_gather_rows(t)] == [[[1, 2]]]
+    assert process_group.broadcast_ints((2**62, -1, True)) == (2**62, -1, 1)
+    assert [g.tolist() for g in process_group.all_gather_rows(t)] == [[[1, 2]]]
     module = nn.Linear(2, 1)
-    assert distributed.broadcast_module(module) is module
+    assert process_group.broadcast_module(module) is module
 
 
 def test_anchor_check_vector_round_trip():
@@ -126,12 +126,12 @@ def _worker(rank: int, folder: str, queue) -> None:
     store = dist.FileStore(f"{folder}/store", 2)
     timeout = datetime.timedelta(seconds=30)  # a collective that should have been refused may hang: bounded
     dist.init_process_group("smddp", store=store, rank=rank, world_size=2, timeout=timeout)
-    distributed._state.update(rank=rank, world_size=2, device=torch.device("cpu"))
+    process_group._state.update(rank=rank, world_size=2, device=torch.device("cpu"))
     try:
         big = torch.tensor([INT64_EDGES] * (3 - 2 * rank), dtype=torch.int64) + rank  # 3 rows, then 1
-        rows = [g.tolist() for g in distributed.all_gather_rows(big)]
-        empty = [tuple(g.shape) for g in distributed.all_gather_rows(torch.zeros((2 * rank, 5)))]
-        ints = distributed.broadcast_ints((2**53 + 1 + rank, -rank, rank == 0))
+        rows = [g.tolist() for g in process_group.all_gather_rows(big)]
+        empty = [tuple(g.shape) for g in process_group.all_gather_rows(torch.zeros((2 * rank, 5)))]
+        ints = process_group.broadcast_ints((2**53 + 1 + rank, -rank, rank == 0))
         torch.manual_seed(rank)
         module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
         module[1].running_mean.uniform_()
@@ -144,15 +144,15 @@ def _worker(rank: int, folder: str, queue) -> None:
             return original(*args, **kwargs)
 
         dist.broadcast = counting
-        distributed.broadcast_module(module)
+        process_group.broadcast_module(module)
         dist.broadcast = original
         state = {k: v.tolist() for k, v in module.state_dict().items()}
         queue.put((rank, rows, empty, ints, state, [str(d) for d in broadcasts], _refusals()))
-        distributed.barrier()
+        process_group.barrier()
     except Exception as exc:  # reported to the test at once, rather than by its timeout
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
     finally:
-        distributed.destroy()
+        process_group.destroy()
 
 
 def test_two_ranks_under_the_strict_standin(tmp_path):

@@ -2,7 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.config import TrainConfig, load_hyp, parse_train_args, plan_batch, resolve_output_dirs
+from yolov5_smddp.config.batch import plan_batch
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.output_dirs import resolve_output_dirs
+from yolov5_smddp.config.train_config import TrainConfig, parse_train_args
 from yolov5_smddp.errors import ConfigError
 
 
@@ -122,9 +125,9 @@ def test_hyp_keys_are_declared_once():
     defaults use the same names and scratch-low's values."""
     from dataclasses import fields
 
-    from yolov5_smddp.config import HYP_RANGES, Hyp
+    from yolov5_smddp.config.hyp import HYP_RANGES, Hyp
     from yolov5_smddp.data.augment import AugmentParams
-    from yolov5_smddp.loss import HYP_DEFAULTS
+    from yolov5_smddp.detection.loss import HYP_DEFAULTS
 
     low = load_hyp("scratch-low")
     assert tuple(low) == Hyp.keys() == tuple(HYP_RANGES)
@@ -142,7 +145,7 @@ def test_hyp_is_typed_and_frozen_and_converts_at_the_boundary():
     converts both ways unchanged (same keys, order and values); a mapping missing a key is refused."""
     import dataclasses
 
-    from yolov5_smddp.config import Hyp
+    from yolov5_smddp.config.hyp import Hyp
 
     low = load_hyp("scratch-low", {"lr0": 0.02})
     hyp = Hyp.from_dict(low)
@@ -157,10 +160,10 @@ def test_hyp_is_typed_and_frozen_and_converts_at_the_boundary():
 def test_the_run_reads_the_typed_hyp_and_its_checkpoint_keeps_the_mapping(tmp_path):
     """build_training_stack types a hyp YAML's mapping once; the checkpoint records the plain mapping
     (weight_decay scaled: 64 images per step at global batch 16 x 4 accumulated, so unchanged)."""
-    from yolov5_smddp.config import Hyp
-    from yolov5_smddp.engine import AmpPolicy
+    from yolov5_smddp.config.hyp import Hyp
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.optim_recipe import build_training_stack
+    from yolov5_smddp.train.engine import AmpPolicy
+    from yolov5_smddp.train.optim_recipe import build_training_stack
 
     low = load_hyp("scratch-low")
     model = build_model("yolov5n", nc=2)
@@ -174,7 +177,7 @@ def test_the_run_reads_the_typed_hyp_and_its_checkpoint_keeps_the_mapping(tmp_pa
 
 
 def test_unused_hyperparameters_warn_only_when_set():
-    from yolov5_smddp.config import unused_hyp_warnings
+    from yolov5_smddp.config.hyp import unused_hyp_warnings
 
     low = load_hyp("scratch-low")
     assert unused_hyp_warnings(low, low) == []
@@ -194,7 +197,7 @@ def test_every_option_comes_from_a_field():
     from dataclasses import fields
 
     parser = argparse.ArgumentParser()
-    from yolov5_smddp.config import add_train_arguments
+    from yolov5_smddp.config.train_config import add_train_arguments
 
     add_train_arguments(parser)
     actions = {a.dest: a for a in parser._actions if a.dest != "help"}

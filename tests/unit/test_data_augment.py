@@ -12,7 +12,6 @@ import pytest
 import torch
 from datatree import watch
 
-from yolov5_smddp.boxes import scale_boxes
 from yolov5_smddp.data.augment import (
     AugmentParams,
     _apply_box_transform,
@@ -25,6 +24,7 @@ from yolov5_smddp.data.augment import (
 )
 from yolov5_smddp.data.dataset import YoloDataset, rect_batch_shapes
 from yolov5_smddp.data.labels import build_label_index
+from yolov5_smddp.detection.boxes import scale_boxes
 
 COLOURS = [(0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255)]  # RGB, one per class
 NO_COLOUR_JITTER = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}

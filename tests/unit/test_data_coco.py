@@ -351,8 +351,8 @@ def test_one_process_parses_while_the_others_wait_and_load_its_arrays(tmp_path, 
 
 @pytest.mark.parametrize("single_cls", [False, True])
 def test_training_reads_a_coco_data_yaml(tmp_path, single_cls):
-    from yolov5_smddp.config import TrainConfig
-    from yolov5_smddp.data_pipeline import scan_data
+    from yolov5_smddp.config.train_config import TrainConfig
+    from yolov5_smddp.train.data_wiring import scan_data
 
     root = tmp_path / "data"
     write_coco_dataset(

@@ -12,7 +12,7 @@ from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
 from yolov5_smddp.data.loader import collate
 from yolov5_smddp.data.synthetic import make_default_dataset
-from yolov5_smddp.engine import prepare_images
+from yolov5_smddp.train.engine import prepare_images
 
 _CV_CPU_AVX2, _CV_CPU_FMA3 = 11, 12  # OpenCV's CPU feature ids (cvdef.h); Python has no names for them
 

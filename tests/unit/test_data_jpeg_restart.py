@@ -402,9 +402,9 @@ def test_a_cache_that_cannot_be_written_costs_one_log_line(lib, data_root, tmp_p
 def test_the_option_and_where_the_trainer_uses_the_copies(tmp_path, caplog):
     from types import SimpleNamespace
 
-    from yolov5_smddp import data_pipeline
-    from yolov5_smddp.config import parse_train_args
+    from yolov5_smddp.config.train_config import parse_train_args
     from yolov5_smddp.errors import ConfigError
+    from yolov5_smddp.train import data_wiring
 
     assert parse_train_args([]).jpeg_restart_cache == "on"
     assert parse_train_args(["--jpeg-restart-cache", "off"]).jpeg_restart_cache == "off"
@@ -421,7 +421,7 @@ def test_the_option_and_where_the_trainer_uses_the_copies(tmp_path, caplog):
         )
 
     with caplog.at_level(logging.INFO, logger="yolov5_smddp"):
-        cache = data_pipeline.restart_cache(config(), bundle, tmp_path / "c", main=True)
+        cache = data_wiring.restart_cache(config(), bundle, tmp_path / "c", main=True)
     assert isinstance(cache, RestartCache) and cache.folder == tmp_path / "c" / restart_cache.FOLDER
     assert str(cache.folder) in caplog.text
     for off in (
@@ -430,7 +430,7 @@ def test_the_option_and_where_the_trainer_uses_the_copies(tmp_path, caplog):
         {"cache": "disk"},
         {"mosaic_partners": "recent"},
     ):
-        assert data_pipeline.restart_cache(config(**off), bundle, tmp_path / "c", main=True) is None
+        assert data_wiring.restart_cache(config(**off), bundle, tmp_path / "c", main=True) is None
 
 
 def test_read_copies_of_any_size(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from yolov5_smddp.data.cache import choose_cache_dir
 from yolov5_smddp.data.config import load_data_config
-from yolov5_smddp.data_pipeline import scan_split
+from yolov5_smddp.train.data_wiring import scan_split
 
 
 def test_the_cache_folder_is_the_given_one_then_the_jobs_then_the_users(tmp_path):
@@ -25,7 +25,8 @@ def test_the_cache_folder_is_the_given_one_then_the_jobs_then_the_users(tmp_path
 
 
 def test_the_output_folders_take_the_same_choice(tmp_path):
-    from yolov5_smddp.config import parse_train_args, resolve_output_dirs
+    from yolov5_smddp.config.output_dirs import resolve_output_dirs
+    from yolov5_smddp.config.train_config import parse_train_args
 
     home = tmp_path / "home"
     default = resolve_output_dirs(parse_train_args([]), tmp_path, environ={}, home=home)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.deploy import (
+from yolov5_smddp.client.deploy import (
     DeploySpec,
     deploy_kwargs,
     inference_image_uri,

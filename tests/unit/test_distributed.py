@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp import distributed
-from yolov5_smddp.distributed import BackendChoice, choose_backend, detect_dist_info
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed.process_group import BackendChoice, choose_backend, detect_dist_info
 from yolov5_smddp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -297,29 +297,29 @@ def test_the_instance_type_from_the_runner_else_the_caller():
 
 def test_smddp_environment_sets_the_instance_type_only_when_missing():
     info = detect_dist_info(_smddprun_rank(0), instance_type=P4D)
-    assert distributed.smddp_environment(info, {}) == {"SAGEMAKER_INSTANCE_TYPE": P4D}
-    assert distributed.smddp_environment(info, {"SAGEMAKER_INSTANCE_TYPE": P5}) == {}
-    assert distributed.smddp_environment(detect_dist_info({}), {}) == {}
+    assert process_group.smddp_environment(info, {}) == {"SAGEMAKER_INSTANCE_TYPE": P4D}
+    assert process_group.smddp_environment(info, {"SAGEMAKER_INSTANCE_TYPE": P5}) == {}
+    assert process_group.smddp_environment(detect_dist_info({}), {}) == {}
 
 
 def test_resolve_logs_the_decision_in_one_line_and_exports_the_instance_type(monkeypatch, caplog):
     monkeypatch.delenv("SAGEMAKER_INSTANCE_TYPE", raising=False)
     seen = []
     monkeypatch.setattr(
-        distributed,
+        process_group,
         "smddp_importable",
         lambda: seen.append(os.environ.get("SAGEMAKER_INSTANCE_TYPE")) or True,
     )
     info = detect_dist_info(_smddprun_rank(0), instance_type=P4D)
-    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed"):
-        assert distributed.resolve("auto", info, True) == ("smddp", "cuda")
+    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed.process_group"):
+        assert process_group.resolve("auto", info, True) == ("smddp", "cuda")
     assert seen == [P4D]  # set before the library's import
     assert [r.getMessage() for r in caplog.records] == [
         "backend smddp on cuda: auto: SMDDP launch on 2 x ml.p4d.24xlarge"
     ]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed"):
-        distributed.resolve("auto", detect_dist_info(_smddprun_rank(3)), False)
+    with caplog.at_level(logging.INFO, logger="yolov5_smddp.distributed.process_group"):
+        process_group.resolve("auto", detect_dist_info(_smddprun_rank(3)), False)
     assert caplog.records == []  # rank 3 does not log
 
 
@@ -357,13 +357,13 @@ def test_single_process_helpers_are_no_ops():
     import torch
 
     info = detect_dist_info({})
-    device = distributed.init(info, "gloo", "cpu", 10)
-    assert device.type == "cpu" and distributed.is_main() and distributed.world_size() == 1
+    device = process_group.init(info, "gloo", "cpu", 10)
+    assert device.type == "cpu" and process_group.is_main() and process_group.world_size() == 1
     t = torch.tensor([3.0])
-    assert distributed.all_reduce_mean(t).item() == 3.0
-    assert distributed.broadcast_ints((1, -2)) == (1, -2)
-    distributed.barrier()
-    distributed.destroy()
+    assert process_group.all_reduce_mean(t).item() == 3.0
+    assert process_group.broadcast_ints((1, -2)) == (1, -2)
+    process_group.barrier()
+    process_group.destroy()
 
 
 def test_smddp_importable_follows_the_module(monkeypatch):
@@ -374,9 +374,9 @@ def test_smddp_importable_follows_the_module(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "tests" / "standin_smddp"))
     for name in [m for m in sys.modules if m.startswith("smdistributed")]:
         monkeypatch.delitem(sys.modules, name)
-    assert distributed.smddp_importable() is True
-    monkeypatch.setattr(distributed, "SMDDP_MODULE", "smdistributed.dataparallel.torch.no_such_module")
-    assert distributed.smddp_importable() is False
+    assert process_group.smddp_importable() is True
+    monkeypatch.setattr(process_group, "SMDDP_MODULE", "smdistributed.dataparallel.torch.no_such_module")
+    assert process_group.smddp_importable() is False
 
 
 def test_mpirun_local_size_from_the_jobs_hosts_when_given():
@@ -409,9 +409,9 @@ def test_mpirun_local_size_from_the_jobs_hosts_when_given():
 _ONE_RANK = (
     "import os, socket; from yolov5_smddp import distributed; "
     "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close(); "
-    "info = distributed.DistInfo(0, 0, 1, 1, 0, '127.0.0.1', port, 'mpirun', "
+    "info = process_group.DistInfo(0, 0, 1, 1, 0, '127.0.0.1', port, 'mpirun', "
     "use_libuv=os.environ.get('USE_LIBUV', '1') == '1'); "
-    "distributed.init(info, 'gloo', 'cpu', 30); "
+    "process_group.init(info, 'gloo', 'cpu', 30); "
 )
 
 
@@ -423,8 +423,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_the_watchdog_ends_a_stuck_teardown_with_the_runs_exit_code():
     proc = _python(
-        _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
-        "distributed.teardown(7, limit_s=1); print('not reached')"
+        _ONE_RANK + "import time; process_group._leave = lambda succeeded: time.sleep(600); "
+        "process_group.teardown(7, limit_s=1); print('not reached')"
     )
     assert proc.returncode == 7, proc.stdout + proc.stderr
     assert (
@@ -436,8 +436,8 @@ def test_the_watchdog_ends_a_stuck_teardown_with_the_runs_exit_code():
 
 def test_a_stuck_teardown_after_a_failure_is_abandoned_and_the_failure_goes_on():
     proc = _python(
-        _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
-        "distributed.teardown(None, limit_s=1); print('reported:', distributed.is_initialized())"
+        _ONE_RANK + "import time; process_group._leave = lambda succeeded: time.sleep(600); "
+        "process_group.teardown(None, limit_s=1); print('reported:', process_group.is_initialized())"
     )
     # the caller goes on (reports its failure) with the group still joined (the stuck leave never destroyed
     # it), and the process still ends
@@ -450,8 +450,8 @@ def test_a_stuck_teardown_after_a_failure_is_abandoned_and_the_failure_goes_on()
 
 def test_teardown_leaves_the_group_and_forgets_the_ranks():
     proc = _python(
-        _ONE_RANK + "distributed.teardown(0); "
-        "print('after:', distributed.is_initialized(), distributed.world_size(), distributed._state['store'])"
+        _ONE_RANK + "process_group.teardown(0); "
+        "print('after:', process_group.is_initialized(), process_group.world_size(), process_group._state['store'])"
     )
     assert proc.returncode == 0, proc.stderr
     assert "after: False 1 None" in proc.stdout
@@ -461,7 +461,7 @@ def test_teardown_leaves_the_group_and_forgets_the_ranks():
 def test_the_backstop_ends_a_process_that_never_releases_the_gil():
     # a C call made with the GIL held: the waiting thread cannot even notice its limit
     proc = _python(
-        "import ctypes; from yolov5_smddp.distributed import run_bounded; "
+        "import ctypes; from yolov5_smddp.distributed.process_group import run_bounded; "
         "run_bounded(lambda: ctypes.PyDLL(None).sleep(60), 0.5, backstop_s=1.5); print('not reached')"
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -470,16 +470,16 @@ def test_the_backstop_ends_a_process_that_never_releases_the_gil():
 
 
 def test_run_bounded_finished_overrun_and_failed(caplog):
-    assert distributed.run_bounded(lambda: None, 30) is True
+    assert process_group.run_bounded(lambda: None, 30) is True
     release = threading.Event()
-    assert distributed.run_bounded(lambda: release.wait(60), 0.2) is False
+    assert process_group.run_bounded(lambda: release.wait(60), 0.2) is False
     release.set()
 
     def fails():
         raise RuntimeError("gloo said no")
 
-    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed"):
-        assert distributed.run_bounded(fails, 30) is True
+    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed.process_group"):
+        assert process_group.run_bounded(fails, 30) is True
     assert "teardown: gloo said no" in caplog.text
 
 
@@ -488,15 +488,15 @@ def test_the_store_host_waits_for_the_others_then_leaves(caplog):
 
     store = dist.HashStore()
     for me in (1, 2):  # the two other ranks say they have left
-        distributed._host_leaves_last(store, False, me, 3, 5.0)
-    assert store.add(distributed.TEARDOWN_DONE_KEY, 0) == 2
-    distributed._host_leaves_last(store, True, 0, 3, 5.0)  # returns at once: both have left
+        process_group._host_leaves_last(store, False, me, 3, 5.0)
+    assert store.add(process_group.TEARDOWN_DONE_KEY, 0) == 2
+    process_group._host_leaves_last(store, True, 0, 3, 5.0)  # returns at once: both have left
     assert "leaves anyway" not in caplog.text
 
     lonely = dist.HashStore()
-    distributed._host_leaves_last(lonely, False, 1, 3, 5.0)
-    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed"):
-        distributed._host_leaves_last(lonely, True, 0, 3, 0.3)  # rank 2 never says so
+    process_group._host_leaves_last(lonely, False, 1, 3, 5.0)
+    with caplog.at_level(logging.WARNING, logger="yolov5_smddp.distributed.process_group"):
+        process_group._host_leaves_last(lonely, True, 0, 3, 0.3)  # rank 2 never says so
     assert "teardown: 1 of 2 other ranks had not left after 0 s; rank 0 leaves anyway" in caplog.text
 
 
@@ -508,9 +508,9 @@ def test_a_rank_whose_store_host_is_gone_still_leaves(caplog):
             self.calls.append((key, value))
             raise RuntimeError("Connection reset by peer")
 
-    with caplog.at_level(logging.DEBUG, logger="yolov5_smddp.distributed"):
-        distributed._host_leaves_last(Gone(), False, 1, 2, 5.0)  # returns: no exception, no waiting
-    assert Gone.calls == [(distributed.TEARDOWN_DONE_KEY, 1)]  # it tried to say so, once
+    with caplog.at_level(logging.DEBUG, logger="yolov5_smddp.distributed.process_group"):
+        process_group._host_leaves_last(Gone(), False, 1, 2, 5.0)  # returns: no exception, no waiting
+    assert Gone.calls == [(process_group.TEARDOWN_DONE_KEY, 1)]  # it tried to say so, once
     assert [r.getMessage() for r in caplog.records] == [
         "teardown: could not tell the store's host: Connection reset by peer"
     ]
@@ -527,8 +527,8 @@ _FAKE_MPI = (
 def test_the_watchdogs_exit_finalizes_mpi_first():
     # under `python -m mpi4py` os._exit would skip mpi4py's MPI_Finalize at exit: mpirun fails such a rank
     proc = _python(
-        _FAKE_MPI + _ONE_RANK + "import time; distributed._leave = lambda succeeded: time.sleep(600); "
-        "distributed.teardown(7, limit_s=1); print('not reached')"
+        _FAKE_MPI + _ONE_RANK + "import time; process_group._leave = lambda succeeded: time.sleep(600); "
+        "process_group.teardown(7, limit_s=1); print('not reached')"
     )
     assert proc.returncode == 7, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == ["MPI_Finalize"]
@@ -541,26 +541,26 @@ def test_finalize_mpi_only_when_initialised_and_not_finalized(monkeypatch):
     mpi = types.ModuleType("mpi4py.MPI")
     mpi.Finalize = lambda: calls.append("finalize")
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
-    assert distributed.finalize_mpi() is False  # no mpi4py: nothing to do (and it is not imported)
+    assert process_group.finalize_mpi() is False  # no mpi4py: nothing to do (and it is not imported)
     assert "mpi4py.MPI" not in sys.modules
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
     for initialised, finalized, expected in [(False, False, False), (True, True, False), (True, False, True)]:
         mpi.Is_initialized, mpi.Is_finalized = (lambda v=initialised: v), (lambda v=finalized: v)
-        assert distributed.finalize_mpi() is expected
+        assert process_group.finalize_mpi() is expected
     assert calls == ["finalize"]
 
 
 _LEAVE_AFTER_DDP = """
 import gc, json, os, socket, torch
 from torch.nn.parallel import DistributedDataParallel
-from yolov5_smddp import distributed
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.models.yolo import build_model
 
 torch.set_num_threads(1)
 threads = lambda: set(os.listdir("/proc/self/task"))
 before = threads()
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-distributed.init(distributed.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun"), "gloo", "cpu", 30)
+process_group.init(process_group.DistInfo(0, 0, 1, 1, 0, "127.0.0.1", port, "torchrun"), "gloo", "cpu", 30)
 joined = threads()
 
 def train_step():
@@ -569,7 +569,7 @@ def train_step():
 
 gc.disable()  # no automatic collection: a process where none happened to run before the end
 train_step()  # the wrapper is garbage now, in a reference cycle
-distributed.teardown(0)
+process_group.teardown(0)
 started = joined - before  # by the group: the store's and the backend's (the backward may add its own)
 print(json.dumps({"group": len(started), "left": sorted(started & threads())}))
 """

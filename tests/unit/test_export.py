@@ -14,11 +14,11 @@ import torch
 from detections import assert_same_detections, randomise_batchnorm, scene_image
 
 from yolov5_smddp.cli import main
-from yolov5_smddp.export import ExportOptions, export_model, names_literal
-from yolov5_smddp.exported_models import TorchScriptDetector
+from yolov5_smddp.inference.export import ExportOptions, export_model, names_literal
+from yolov5_smddp.inference.exported_models import TorchScriptDetector
+from yolov5_smddp.inference.onnx_model import parse_names
 from yolov5_smddp.models.weights import load_model, save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.onnx_model import parse_names
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -13,10 +13,10 @@ import torch
 import yaml
 from detections import assert_same_detections, randomise_batchnorm, scene_image
 
-from yolov5_smddp import export
 from yolov5_smddp.cli import main
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.export import ExportOptions, check_tensorrt, export_model
+from yolov5_smddp.inference import export
+from yolov5_smddp.inference.export import ExportOptions, check_tensorrt, export_model
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
 

@@ -20,10 +20,10 @@ import pytest
 import torch
 from child_python import run_python
 
-from yolov5_smddp.checkpoint import load_checkpoint
 from yolov5_smddp.errors import WeightsError
 from yolov5_smddp.models.torchfile import MAX_EXPANSION, check_torch_file, torch_error_line
 from yolov5_smddp.models.weights import load_weights
+from yolov5_smddp.train.checkpoint import load_checkpoint
 
 PEAK_RSS_LIMIT_MB = 500
 
@@ -95,7 +95,7 @@ def _load_in_child(path: Path, loader: str = "weights") -> dict:
         "import json, sys\n"
         "from yolov5_smddp.errors import UserError\n"
         "from yolov5_smddp.models.weights import load_weights\n"
-        "from yolov5_smddp.checkpoint import load_checkpoint\n"
+        "from yolov5_smddp.train.checkpoint import load_checkpoint\n"
         "try:\n"
         "    (load_weights if sys.argv[2] == 'weights' else load_checkpoint)(sys.argv[1]); error = None\n"
         "except UserError as exc:\n"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.bounded_yaml import MAX_DEPTH, MAX_NODES, MAX_YAML_BYTES, load_yaml, parse_yaml
-from yolov5_smddp.config import load_hyp
+from yolov5_smddp.config.hyp import load_hyp
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.errors import ConfigError, DataError
+from yolov5_smddp.files.bounded_yaml import MAX_DEPTH, MAX_NODES, MAX_YAML_BYTES, load_yaml, parse_yaml
 from yolov5_smddp.models.yolo import load_model_config
 
 

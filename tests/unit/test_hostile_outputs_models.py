@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from yolov5_smddp.cli import main
-from yolov5_smddp.config import check_freeze, load_hyp, parse_train_args
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.train_config import check_freeze, parse_train_args
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import build_model, load_model_config, resolve_layers
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.errors import WeightsError
-from yolov5_smddp.onnx_model import OnnxDetector
+from yolov5_smddp.inference.onnx_model import OnnxDetector
 
 SIZE = 64
 

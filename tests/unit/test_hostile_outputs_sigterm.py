@@ -10,11 +10,11 @@ import sys
 import time
 
 from yolov5_smddp.errors import EXIT_INTERRUPTED
-from yolov5_smddp.stop_signal import STOP_WATCHDOG_S, STOP_WINDOW_S
+from yolov5_smddp.train.stop_signal import STOP_WATCHDOG_S, STOP_WINDOW_S
 
 SCRIPT = """
 import os, signal, sys, time
-from yolov5_smddp import stop_signal
+from yolov5_smddp.train import stop_signal
 with stop_signal.StopOnSigterm(watchdog_s=0.5) as stop:
     print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: the same clock in the test's process
     os.kill(os.getpid(), signal.SIGTERM)

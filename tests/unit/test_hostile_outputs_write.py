@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolov5_smddp import atomic
-from yolov5_smddp.atomic import atomic_write, make_folder
-from yolov5_smddp.checkpoint import save_checkpoint
 from yolov5_smddp.cli import main
 from yolov5_smddp.errors import OutputError, output_error
+from yolov5_smddp.files import atomic
+from yolov5_smddp.files.atomic import atomic_write, make_folder
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.sagemaker.failure import exit_code, failure_reason
+from yolov5_smddp.train.checkpoint import save_checkpoint
 
 ADVICE = "raise volume_size (the job's storage volume, in GB) or write less into it"
 
@@ -324,7 +324,7 @@ def test_a_raw_enospc_from_any_command_is_one_line(tmp_path, monkeypatch, capsys
 
 def test_onnx_exports_own_write_failing_names_the_file(tmp_path):
     """torch.onnx.export writes its file itself: its OSError (no file name) is the requested file's."""
-    from yolov5_smddp.export import _written_as
+    from yolov5_smddp.inference.export import _written_as
 
     target = tmp_path / "best.onnx"
     with pytest.raises(OutputError) as caught, _written_as(target):

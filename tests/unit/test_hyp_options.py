@@ -5,9 +5,9 @@ import json
 import pytest
 from child_python import run_python
 
-from yolov5_smddp.config import parse_train_args
+from yolov5_smddp.config.hyp_options import fold_hyp_options, hyp_key, hyp_option
+from yolov5_smddp.config.train_config import parse_train_args
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.hyp_options import fold_hyp_options, hyp_key, hyp_option
 from yolov5_smddp.sagemaker import main
 
 

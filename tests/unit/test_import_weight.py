@@ -7,7 +7,9 @@ from child_python import run_python
 
 FAST_PATH = """
 import sys
-from yolov5_smddp import cli, job, launch, worker_config
+from yolov5_smddp import cli, launch
+from yolov5_smddp.client import job
+from yolov5_smddp.config import worker_config
 from yolov5_smddp.sagemaker import driver
 cli.build_parser()
 print(sorted(m for m in ("torch", "cv2", "matplotlib") if m in sys.modules))

@@ -13,11 +13,11 @@ import torch
 from yolov5_smddp.cli import main
 from yolov5_smddp.commands.predict import to_original_pixels
 from yolov5_smddp.data.letterbox import letterbox
+from yolov5_smddp.inference.predict_output import detection_records
+from yolov5_smddp.inference.predict_sources import output_stems
 from yolov5_smddp.models.flops import model_report
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.predict_output import detection_records
-from yolov5_smddp.predict_sources import output_stems
 
 
 def test_info_yolov5s_parameters_and_gflops(capsys):

@@ -171,8 +171,8 @@ def test_release_checkpoint_of_a_custom_layout_is_built_as_stored(tmp_path):
 def test_single_cls_makes_one_class_named_item(tmp_path):
     from easy_shapes import make_easy_dataset
 
-    from yolov5_smddp.config import parse_train_args
-    from yolov5_smddp.data_pipeline import scan_data
+    from yolov5_smddp.config.train_config import parse_train_args
+    from yolov5_smddp.train.data_wiring import scan_data
 
     data = make_easy_dataset(tmp_path / "d", n_train=12, n_val=4, seed=0)
     plain = scan_data(parse_train_args(["--data", str(data)]), tmp_path / "cache")
@@ -186,7 +186,8 @@ def test_single_cls_makes_one_class_named_item(tmp_path):
 
 
 def test_options_and_the_medium_recipe():
-    from yolov5_smddp.config import load_hyp, parse_train_args
+    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.train_config import parse_train_args
 
     config = parse_train_args(
         ["--weights", "w.pt", "--allow-partial-transfer", "--noautoanchor", "--resume", "a/last.pt"]

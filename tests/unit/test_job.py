@@ -1,9 +1,8 @@
-"""Exact SageMaker SDK arguments built by yolov5_smddp.job (no SDK, no AWS)."""
+"""Exact SageMaker SDK arguments built by yolov5_smddp.client.job (no SDK, no AWS)."""
 
 import pytest
 
-from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.job import (
+from yolov5_smddp.client.job import (
     OBJECTIVE_METRIC,
     CategoricalRange,
     ContinuousRange,
@@ -18,6 +17,7 @@ from yolov5_smddp.job import (
     pytorch_estimator_kwargs,
     tuner_kwargs,
 )
+from yolov5_smddp.errors import ConfigError
 
 IMAGE = "111111111111.dkr.ecr.us-east-1.amazonaws.com/yolov5-smddp:0.1.0-abc1234"
 ROLE = "arn:aws:iam::111111111111:role/SageMaker"
@@ -362,8 +362,8 @@ def test_tuner_kwargs_exact():
 
 def test_tuned_values_reach_the_trainer_as_overrides():
     # what a training job of the tuning job receives: the static hyperparameters plus one value per range
-    from yolov5_smddp.config import parse_train_args
-    from yolov5_smddp.hyp_options import fold_hyp_options
+    from yolov5_smddp.config.hyp_options import fold_hyp_options
+    from yolov5_smddp.config.train_config import parse_train_args
 
     words = ["--cfg", "yolov5s", "--epochs", "50", "--hyp-override", "mosaic=1.0"]
     words += [

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from yolov5_smddp import launch
-from yolov5_smddp.config import parse_train_args
-from yolov5_smddp.distributed import detect_dist_info
+from yolov5_smddp.config.train_config import parse_train_args
+from yolov5_smddp.distributed.process_group import detect_dist_info
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.launch import LaunchPlan, decide_launch, elastic_config, read_worker_args, worker_command
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolov5_smddp.boxes import complete_iou, xywh_to_xyxy
-from yolov5_smddp.loss import YoloLoss, _Layout, pad_targets, scale_loss_gains
+from yolov5_smddp.detection.boxes import complete_iou, xywh_to_xyxy
+from yolov5_smddp.detection.loss import YoloLoss, _Layout, pad_targets, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

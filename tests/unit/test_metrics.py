@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.metrics import (
+from yolov5_smddp.detection.metrics import (
     MetricAccumulator,
     ap_per_class,
     first_of_class,

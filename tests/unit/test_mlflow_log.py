@@ -1,4 +1,4 @@
-"""yolov5_smddp.mlflow_log: the pure parts value by value, then a REAL MLflow (mlflow-skinny, in the test image)
+"""yolov5_smddp.train.mlflow_log: the pure parts value by value, then a REAL MLflow (mlflow-skinny, in the test image)
 with a local file store, read back with MlflowClient: params, metric history per epoch, artefacts, run name;
 and tracking failures that warn once and never raise."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp import mlflow_log
-from yolov5_smddp.mlflow_log import artefacts, epoch_metrics, flatten_params, per_class_metrics
+from yolov5_smddp.train import mlflow_log
+from yolov5_smddp.train.mlflow_log import artefacts, epoch_metrics, flatten_params, per_class_metrics
 
 
 def test_params_are_flattened_to_strings():

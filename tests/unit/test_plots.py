@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.config import parse_train_args
+from yolov5_smddp.config.train_config import parse_train_args
 from yolov5_smddp.plots import (
     ValidationPlots,
     add_to_tensorboard,

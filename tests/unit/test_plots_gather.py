@@ -7,7 +7,7 @@ import socket
 import numpy as np
 import torch
 
-from yolov5_smddp import distributed
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.plots import ValidationPlots
 
 IMAGES = [f"/d/{i}.jpg" for i in range(6)]
@@ -37,8 +37,8 @@ def _free_port() -> int:
 
 def _worker(rank: int, port: int, queue) -> None:
     torch.set_num_threads(1)
-    info = distributed.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
-    distributed.init(info, "gloo", "cpu", 60.0)
+    info = process_group.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
+    process_group.init(info, "gloo", "cpu", 60.0)
     try:
         mine = range(0, 4) if rank == 0 else range(4, 6)  # uneven shards
         recorder = _record(ValidationPlots(IMAGES, SHAPES, LABELS, nc=2, keep_first=rank == 0), mine)
@@ -55,7 +55,7 @@ def _worker(rank: int, port: int, queue) -> None:
             )
         )
     finally:
-        distributed.destroy()
+        process_group.destroy()
 
 
 def test_two_gloo_ranks_gather_equal_one_recorder():

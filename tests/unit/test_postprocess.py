@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from yolov5_smddp.postprocess import non_max_suppression
+from yolov5_smddp.detection.postprocess import non_max_suppression
 
 
 def _pred(rows: list[list[float]], nc: int) -> torch.Tensor:

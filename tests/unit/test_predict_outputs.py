@@ -14,11 +14,11 @@ import torch
 from detections import scene_image
 from test_predict_sources import write_video
 
-from yolov5_smddp import postprocess
 from yolov5_smddp.cli import main
+from yolov5_smddp.detection import postprocess
+from yolov5_smddp.inference.predict_output import Progress, crop_box, safe_folder_name, yolo_label_lines
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.predict_output import Progress, crop_box, safe_folder_name, yolo_label_lines
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.predict_sources import frames, not_regular, output_stems, resolve_source
+from yolov5_smddp.inference.predict_sources import frames, not_regular, output_stems, resolve_source
 
 
 def write_video(path: Path, n_frames: int, size_wh=(96, 64), fps: float = 10.0) -> Path:

@@ -22,11 +22,11 @@ import yaml
 from fixed_weights import fill_fixed, fixed_input
 
 from yolov5_smddp.cli import main
+from yolov5_smddp.detection.postprocess import non_max_suppression
 from yolov5_smddp.errors import WeightsError
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.weights import config_for_release, load_model, load_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.postprocess import non_max_suppression
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "release_models"
 REFERENCE = json.loads((FIXTURES / "yaml_reference.json").read_text())
@@ -234,7 +234,7 @@ def test_fine_tuning_a_release_checkpoint_keeps_its_architecture(name):
 )
 def test_models_with_other_than_three_levels_train(name, balance):
     """The loss's objectness balance per level for 2, 4 and 5 levels (the release's 4, 1, 0.25, 0.06, 0.02)."""
-    from yolov5_smddp.loss import YoloLoss
+    from yolov5_smddp.detection.loss import YoloLoss
 
     ref = REFERENCE[name]
     model = build_model({**ref["config"], **ref["outputs_at"], "name": name}, nc=2).train()

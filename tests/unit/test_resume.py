@@ -8,26 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolov5_smddp import checkpoint, resumption
-from yolov5_smddp.config import (
-    RESUME_FROM_COMMAND,
-    BatchPlan,
-    OutputDirs,
-    TrainConfig,
-    load_hyp,
-    parse_train_args,
-    resolve_output_dirs,
-    resume_run,
-    resume_source,
-    run_folder,
-)
-from yolov5_smddp.distributed import DistInfo
-from yolov5_smddp.engine import AmpPolicy
+from yolov5_smddp.config.batch import BatchPlan
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.output_dirs import OutputDirs, resolve_output_dirs, run_folder
+from yolov5_smddp.config.resume import resume_run, resume_source
+from yolov5_smddp.config.train_config import RESUME_FROM_COMMAND, TrainConfig, parse_train_args
+from yolov5_smddp.distributed.process_group import DistInfo
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.models.weights import load_model, load_weights, save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.optim_recipe import build_training_stack
-from yolov5_smddp.run import Run
+from yolov5_smddp.train import checkpoint, resumption
+from yolov5_smddp.train.engine import AmpPolicy
+from yolov5_smddp.train.optim_recipe import build_training_stack
+from yolov5_smddp.train.run_state import Run
 
 ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
 

@@ -9,7 +9,7 @@ import torch
 from child_python import run_python
 from tiny_training import tiny_training
 
-from yolov5_smddp.runtime import (
+from yolov5_smddp.train.runtime import (
     RuntimeSettings,
     apply_runtime,
     cpu_threads_per_rank,
@@ -114,7 +114,7 @@ def test_apply_sets_torch(monkeypatch):
 _RUNTIME_RUN = """
 import dataclasses, json, os, sys
 os.environ.pop("OMP_NUM_THREADS", None)
-from yolov5_smddp import trainer
+from yolov5_smddp.train import trainer
 from yolov5_smddp.commands.train import main
 
 applied = []

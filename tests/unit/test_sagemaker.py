@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.config import parse_train_args
+from yolov5_smddp.config.train_config import parse_train_args
 from yolov5_smddp.errors import ConfigError, DataError
 from yolov5_smddp.sagemaker import main
 from yolov5_smddp.sagemaker.dataset import prepare_data_yaml

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from yolov5_smddp.client.job import JobSpec
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.job import JobSpec
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scaling_sweep.py"
 

@@ -22,12 +22,12 @@ import pytest
 import torch
 from detections import assert_same_detections, run_handler, scene_image
 
-from yolov5_smddp import export
 from yolov5_smddp.cli import main
 from yolov5_smddp.data.letterbox import letterbox
+from yolov5_smddp.detection.postprocess import non_max_suppression
+from yolov5_smddp.inference import export
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.postprocess import non_max_suppression
 from yolov5_smddp.serving import handler_source, serving_formats, write_model_folder
 
 CONF = 0.1

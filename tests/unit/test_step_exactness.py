@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from yolov5_smddp.benchmarks.opcount import count_operators
-from yolov5_smddp.config import load_hyp
-from yolov5_smddp.ema import ModelEMA
-from yolov5_smddp.engine import AmpPolicy, TrainStep
-from yolov5_smddp.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.optim_recipe import build_optimizer
+from yolov5_smddp.train.ema import ModelEMA
+from yolov5_smddp.train.engine import AmpPolicy, TrainStep
+from yolov5_smddp.train.optim_recipe import build_optimizer
 
 HYP = load_hyp("scratch-low")
 STEPS = 3

@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.config import load_hyp
-from yolov5_smddp.ema import ModelEMA
-from yolov5_smddp.engine import (
+from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.models.yolo import build_model
+from yolov5_smddp.train.ema import ModelEMA
+from yolov5_smddp.train.engine import (
     AmpPolicy,
     NonFiniteLossError,
     StepSettings,
@@ -18,10 +21,7 @@ from yolov5_smddp.engine import (
     step_settings,
     train_one_epoch,
 )
-from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.loss import YoloLoss, scale_loss_gains
-from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.optim_recipe import build_optimizer, freeze_layers
+from yolov5_smddp.train.optim_recipe import build_optimizer, freeze_layers
 
 HYP = load_hyp("scratch-low")
 
@@ -258,8 +258,8 @@ def test_a_loss_scaler_changes_nothing_but_the_scale():
 def test_the_trainer_scales_the_loss_by_the_world_size_under_ddp(monkeypatch):
     from types import SimpleNamespace
 
-    from yolov5_smddp import trainer
-    from yolov5_smddp.distributed import DistInfo
+    from yolov5_smddp.distributed.process_group import DistInfo
+    from yolov5_smddp.train import trainer
 
     monkeypatch.setattr(trainer, "wrap_ddp", lambda model, device: model)  # no process group here
     model, step = _tiny_step()
@@ -283,7 +283,7 @@ def test_non_finite_loss_stops_the_run_with_a_clear_message():
 
 
 def test_default_dataset_is_generated_once_into_place(tmp_path):
-    from yolov5_smddp.data_pipeline import default_dataset
+    from yolov5_smddp.train.data_wiring import default_dataset
 
     first = default_dataset(tmp_path)
     assert first == tmp_path / "default-dataset-v1" / "data.yaml" and first.is_file()
@@ -293,7 +293,7 @@ def test_default_dataset_is_generated_once_into_place(tmp_path):
 
 
 def test_compile_plan_uses_cuda_graphs_only_for_one_batch_shape():
-    from yolov5_smddp.engine import compile_plan
+    from yolov5_smddp.train.engine import compile_plan
 
     assert compile_plan("cuda", rect=False, multi_scale=False).mode == "reduce-overhead"
     changing = compile_plan("cuda", rect=True, multi_scale=True)

@@ -7,11 +7,11 @@ import socket
 import pytest
 import torch
 
-from yolov5_smddp import distributed
-from yolov5_smddp.engine import AmpPolicy, evaluate
-from yolov5_smddp.metrics import MetricAccumulator, metrics_from_state, pack_state, unpack_states
+from yolov5_smddp.detection.metrics import MetricAccumulator, metrics_from_state, pack_state, unpack_states
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed.valshard import ContiguousSampler, shard_batches, shard_images, split_summary
 from yolov5_smddp.models.detect import Detect
-from yolov5_smddp.valshard import ContiguousSampler, shard_batches, shard_images, split_summary
+from yolov5_smddp.train.engine import AmpPolicy, evaluate
 
 # ------------------------------------------------------------------------------------------- shards
 
@@ -254,8 +254,8 @@ def _free_port() -> int:
 
 def _gather_worker(rank: int, port: int, stop_rank: int | None, queue) -> None:
     torch.set_num_threads(1)
-    info = distributed.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
-    distributed.init(info, "gloo", "cpu", 60.0)
+    info = process_group.DistInfo(rank, rank, 2, 2, 0, "127.0.0.1", port, "torchrun", use_libuv=False)
+    process_group.init(info, "gloo", "cpu", 60.0)
     try:
         detect = _detect(nc=3)
         features, batches = _oracle_batches(detect, 640, 6, seed=5)
@@ -272,7 +272,7 @@ def _gather_worker(rank: int, port: int, stop_rank: int | None, queue) -> None:
         )
         queue.put((rank, None if result is None else result.to_dict()))
     finally:
-        distributed.destroy()
+        process_group.destroy()
 
 
 def _noisy(features) -> None:

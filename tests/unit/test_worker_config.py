@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from yolov5_smddp.config import TrainConfig, parse_train_args
+from yolov5_smddp.config.train_config import TrainConfig, parse_train_args
+from yolov5_smddp.config.worker_config import FORMAT, from_json, to_json, with_options
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.worker_config import FORMAT, from_json, to_json, with_options
 
 ARGV = [
     "--epochs", "7", "--batch-size", "16", "--imgsz", "320", "--cfg", "yolov5n", "--data", "/d/data.yaml",

@@ -340,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
     from yolov5_smddp.data.restart_cache import RestartCache
-    from yolov5_smddp.data_pipeline import scan_split
+    from yolov5_smddp.train.data_wiring import scan_split
 
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
         workdir = Path(tmp)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from yolov5_smddp.benchmarks.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
 from yolov5_smddp.benchmarks.timing import PhaseClock
-from yolov5_smddp.config import TrainConfig
+from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ def bench_training_stack(model, hyp: dict, *, nc: int, imgsz: int, batch: int, a
     """The trainer's stack (`optim_recipe.build_training_stack`) for one GPU at `batch` with the training
     defaults (optimizer, label smoothing)."""
     # imported here like torch in this module: `yolov5-smddp -h` builds every command's parser without torch
-    from yolov5_smddp.optim_recipe import build_training_stack
+    from yolov5_smddp.train.optim_recipe import build_training_stack
 
     defaults = TrainConfig()
     return build_training_stack(
@@ -274,8 +274,8 @@ def measure(
     import torch
 
     from yolov5_smddp.benchmarks.opcount import count_operators
-    from yolov5_smddp.engine import TrainStep, compile_plan, resolve_amp
     from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.train.engine import TrainStep, compile_plan, resolve_amp
 
     batches, nc = _batches(args, combo, device, hyp, scratch)
     torch.manual_seed(0)
@@ -379,10 +379,10 @@ def format_table(results: Sequence[StepResult], failures: Sequence[tuple[Combina
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from yolov5_smddp.config import load_hyp
+    from yolov5_smddp.config.hyp import load_hyp
     from yolov5_smddp.data.color import runs_on_device
-    from yolov5_smddp.engine import resolve_amp
     from yolov5_smddp.models.yolo import build_model
+    from yolov5_smddp.train.engine import resolve_amp
 
     device = torch.device(_check(args, torch.cuda.is_available()))
     if device.type == "cuda":

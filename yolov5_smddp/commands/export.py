@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp.export import ExportOptions, export_model, image_size
+    from yolov5_smddp.inference.export import ExportOptions, export_model, image_size
     from yolov5_smddp.models.weights import load_model
 
     options = ExportOptions(

@@ -23,14 +23,14 @@ from yolov5_smddp.commands.options import (
     make_folder,
 )
 from yolov5_smddp.errors import ConfigError, DataError
-from yolov5_smddp.predict_output import (
+from yolov5_smddp.inference.predict_output import (
     DEFAULT_FPS,
     PredictionWriter,
     Progress,
     SaveOptions,
     out_conflict,
 )
-from yolov5_smddp.predict_sources import frames, resolve_source
+from yolov5_smddp.inference.predict_sources import frames, resolve_source
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,7 @@ def to_original_pixels(
 ) -> torch.Tensor:
     """Boxes [N, 4] xyxy in letterboxed input pixels → original-image pixels, clipped; `ratio` (rw, rh)
     and `pad` (pw, ph) as `letterbox` returns them."""
-    from yolov5_smddp.boxes import scale_boxes
+    from yolov5_smddp.detection.boxes import scale_boxes
 
     return scale_boxes(boxes_xyxy, input_hw, original_hw, ratio_pad=((ratio[1], ratio[0]), pad))
 
@@ -121,8 +121,8 @@ def _device(name: str) -> torch.device:
 def _exported_forward(path: Path, shape: tuple[int, int], device: torch.device):
     """(forward, names, input (h, w)) for an exported model (.onnx, .torchscript, OpenVINO folder or
     .xml); a file exported for one size is fed that size. None for anything else (a .pt)."""
-    from yolov5_smddp.exported_models import OpenVinoDetector, TorchScriptDetector, exported_format
-    from yolov5_smddp.onnx_model import OnnxDetector
+    from yolov5_smddp.inference.exported_models import OpenVinoDetector, TorchScriptDetector, exported_format
+    from yolov5_smddp.inference.onnx_model import OnnxDetector
 
     fmt = exported_format(path)
     if fmt is None:
@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from yolov5_smddp.data.letterbox import letterbox
+    from yolov5_smddp.detection.postprocess import non_max_suppression
     from yolov5_smddp.models.weights import load_model
-    from yolov5_smddp.postprocess import non_max_suppression
 
     shape = _check_options(args)
     resolved = resolve_source(args.source)

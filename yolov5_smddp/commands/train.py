@@ -14,15 +14,16 @@ import os
 import sys
 from pathlib import Path
 
-from yolov5_smddp import distributed, hostmem
-from yolov5_smddp.config import (
+from yolov5_smddp import hostmem
+from yolov5_smddp.config.output_dirs import resolve_output_dirs
+from yolov5_smddp.config.train_config import (
     TrainConfig,
     add_train_arguments,
     config_from_namespace,
     parse_train_args,
-    resolve_output_dirs,
 )
-from yolov5_smddp.distributed import DistInfo
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed.process_group import DistInfo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,28 +32,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str], info: DistInfo | None = None) -> int:
     """Parse `argv` (option words, no shell string), train, return 0 (or 143 after SIGTERM, resumable).
-    `info` (a distributed.DistInfo) is where this worker sits; None: read from the launcher's variables."""
+    `info` (a process_group.DistInfo) is where this worker sits; None: read from the launcher's variables."""
     return run_config(parse_train_args(argv), info)
 
 
 def run_config(config: TrainConfig, info: DistInfo | None = None) -> int:
     """Train `config` (already parsed and checked: `main`, or the SageMaker driver's one parse)."""
-    from yolov5_smddp import trainer  # torch: imported by training, not by `yolov5-smddp --help` (cli.py)
+    from yolov5_smddp.train import (
+        trainer,  # torch: imported by training, not by `yolov5-smddp --help` (cli.py)
+    )
 
     hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
     if info is None:
-        info = distributed.detect_dist_info(os.environ)
+        info = process_group.detect_dist_info(os.environ)
     if info.rank == 0 and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     dirs = resolve_output_dirs(config, Path.cwd())
     try:
         code = trainer.train(config, info, dirs)
     except BaseException:
-        distributed.teardown(None)  # bounded; the failure goes on to be reported
+        process_group.teardown(None)  # bounded; the failure goes on to be reported
         raise
     # outputs are written: leave together, the store's host last; a stuck teardown ends this process
-    # with `code` (yolov5_smddp.distributed.teardown)
-    distributed.teardown(code)
+    # with `code` (yolov5_smddp.distributed.process_group.teardown)
+    process_group.teardown(code)
     return code
 
 

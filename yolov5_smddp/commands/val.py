@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.commands.options import (
     add_cache_dir_option,
     add_model_input_options,
@@ -37,6 +36,7 @@ from yolov5_smddp.commands.options import (
     add_weights_option,
     make_folder,
 )
+from yolov5_smddp.files.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +192,20 @@ def _pycocotools_scores(gt_path: Path, dt: list[dict]) -> dict[str, float] | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    from yolov5_smddp import distributed
+    from yolov5_smddp.distributed import process_group
     from yolov5_smddp.errors import ConfigError
 
     if args.imgsz < 32 or args.imgsz % 32:
         raise ConfigError(f"--imgsz={args.imgsz} must be a multiple of 32")
-    info = distributed.detect_dist_info(os.environ)
+    info = process_group.detect_dist_info(os.environ)
     if info.rank == 0:  # before the scan and the scoring: a folder that cannot be made fails at once
         make_output_folders(args)
     try:
         code = _validate(args, info)
     except BaseException:
-        distributed.teardown(None)  # bounded; the failure goes on to be reported
+        process_group.teardown(None)  # bounded; the failure goes on to be reported
         raise
-    distributed.teardown(code)  # the final barrier, the store's host last, as after training
+    process_group.teardown(code)  # the final barrier, the store's host last, as after training
     return code
 
 
@@ -221,22 +221,22 @@ def make_output_folders(args: argparse.Namespace) -> None:
 def _validate(args: argparse.Namespace, info) -> int:
     import torch
 
-    from yolov5_smddp import distributed
     from yolov5_smddp.data.cache import choose_cache_dir
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.labels import collapse_to_one_class
     from yolov5_smddp.data.loader import build_val_loader
-    from yolov5_smddp.data_pipeline import scan_split
-    from yolov5_smddp.engine import evaluate, resolve_amp
+    from yolov5_smddp.detection.metrics import results_table
+    from yolov5_smddp.distributed import process_group
+    from yolov5_smddp.distributed.valshard import split_summary
     from yolov5_smddp.errors import ConfigError
-    from yolov5_smddp.metrics import results_table
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.telemetry import emit, metric_line
-    from yolov5_smddp.valshard import split_summary
+    from yolov5_smddp.train.data_wiring import scan_split
+    from yolov5_smddp.train.engine import evaluate, resolve_amp
 
     main = info.rank == 0
     if info.distributed:
-        backend, device_type = distributed.resolve(args.backend, info, torch.cuda.is_available())
+        backend, device_type = process_group.resolve(args.backend, info, torch.cuda.is_available())
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     amp = resolve_amp(
         args.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
@@ -253,7 +253,7 @@ def _validate(args: argparse.Namespace, info) -> int:
         collapse_to_one_class(index)
         nc, names = 1, names if data.nc == 1 else ["item"]
     if info.distributed:  # after the scan: a long scan never runs inside the store's timeout
-        device = distributed.init(info, backend, device_type, args.dist_timeout)
+        device = process_group.init(info, backend, device_type, args.dist_timeout)
     model = load_model(args.weights, device=device).eval()
     if model.nc != nc:
         hint = " (a --single-cls model: add --single-cls)" if model.nc == 1 and not args.single_cls else ""
@@ -301,13 +301,13 @@ def _validate(args: argparse.Namespace, info) -> int:
         # every rank's detection rows and scored positions, in rank order (positions in the shared index),
         # as plain float64 tensors (all_gather_rows ships them exactly as float32: nothing else on the wire)
         own = torch.cat(detection_rows) if detection_rows else torch.zeros((0, 7), dtype=torch.float64)
-        all_rows = torch.cat(distributed.all_gather_rows(own)).tolist()
+        all_rows = torch.cat(process_group.all_gather_rows(own)).tolist()
         own_scored = torch.tensor(scored, dtype=torch.float64).view(-1, 1)
-        gathered = torch.cat(distributed.all_gather_rows(own_scored)).view(-1).tolist()
+        gathered = torch.cat(process_group.all_gather_rows(own_scored)).view(-1).tolist()
         scored_paths = {str(index.images[int(i)]) for i in gathered}
         detections_json = [detection_json(row, json_ids, category_ids) for row in all_rows]
     undecodable = torch.tensor([float(dataset.undecodable_samples.value)], device=device)
-    undecodable = int(distributed.all_reduce_sum(undecodable).item())  # every rank's share
+    undecodable = int(process_group.all_reduce_sum(undecodable).item())  # every rank's share
     if not main:
         return 0
     skipped = index.report.bad + undecodable

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
+from yolov5_smddp.files.atomic import atomic_write
 
 CACHE_VERSION = 3  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM; 3: zero-area boxes dropped
 CACHE_SUFFIX = ".labelcache.npz"

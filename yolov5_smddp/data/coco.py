@@ -48,11 +48,11 @@ from pathlib import Path
 
 import numpy as np
 
-from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.bounded_read import UnreadableFile, not_regular_reason, read_limited, shown
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.data.index import CocoMeta, LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.files.atomic import atomic_write
+from yolov5_smddp.files.bounded_read import UnreadableFile, not_regular_reason, read_limited, shown
 
 log = logging.getLogger(__name__)
 

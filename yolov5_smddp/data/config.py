@@ -20,10 +20,10 @@ import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yolov5_smddp.bounded_read import shown
-from yolov5_smddp.bounded_yaml import load_yaml
 from yolov5_smddp.data.coco import is_coco_json
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.files.bounded_read import shown
+from yolov5_smddp.files.bounded_yaml import load_yaml
 
 SPLIT_KEYS = ("train", "val", "test")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yolov5_smddp.bounded_read import UnreadableFile, open_regular
+from yolov5_smddp.files.bounded_read import UnreadableFile, open_regular
 
 if TYPE_CHECKING:
     import cv2

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from yolov5_smddp.bounded_read import UnreadableFile, open_regular
 from yolov5_smddp.data.decode import ImageProblem, decode_image
+from yolov5_smddp.files.bounded_read import UnreadableFile, open_regular
 
 if TYPE_CHECKING:
     import numpy as np

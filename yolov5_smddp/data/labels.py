@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from yolov5_smddp.bounded_read import UnreadableFile, read_limited, shown
 from yolov5_smddp.data.cache import (
     CacheRejected,
     ScanTable,
@@ -55,6 +54,7 @@ from yolov5_smddp.data.coco import build_coco_index, is_coco_json
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.data.index import LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.files.bounded_read import UnreadableFile, read_limited, shown
 
 log = logging.getLogger(__name__)
 

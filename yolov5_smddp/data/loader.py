@@ -36,8 +36,8 @@ from yolov5_smddp.data.worker_errors import (
     install_sigchld_explainer,
     worker_death_error,
 )
+from yolov5_smddp.distributed.valshard import ContiguousSampler, shard_images
 from yolov5_smddp.errors import DataError
-from yolov5_smddp.valshard import ContiguousSampler, shard_images
 
 log = logging.getLogger(__name__)
 _EMPTY_SIDE = 32  # an all-skipped validation batch: no images, one stride in size

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.files.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 

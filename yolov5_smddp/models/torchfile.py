@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolov5_smddp.bounded_read import shown
 from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.files.bounded_read import shown
 
 MAX_EXPANSION = 4
 """The declared uncompressed size of all records, as a multiple of the file's size (+ 1 MiB)."""

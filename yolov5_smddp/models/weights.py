@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.bounded_read import not_regular_reason, shown
-from yolov5_smddp.checkpoint import FORMAT as TRAINING_CHECKPOINT_FORMAT
-from yolov5_smddp.ema import unwrap
 from yolov5_smddp.errors import ConfigError, WeightsError
+from yolov5_smddp.files.atomic import atomic_write
+from yolov5_smddp.files.bounded_read import not_regular_reason, shown
 from yolov5_smddp.models.blocks import Conv
 from yolov5_smddp.models.release_pickle import PickledModule, ReleaseModel, read_release_checkpoint
 from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 from yolov5_smddp.models.yolo import ACTIVATION_OVERRIDES, DetectionModel, activation_names, build_model
+from yolov5_smddp.train.checkpoint import FORMAT as TRAINING_CHECKPOINT_FORMAT
+from yolov5_smddp.train.ema import unwrap
 
 FORMAT = "yolov5-smddp/weights/v1"
 MAX_META_VALUES = 1_000_000

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolov5_smddp.bounded_read import shown
-from yolov5_smddp.bounded_yaml import load_yaml, parse_yaml
 from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.files.bounded_read import shown
+from yolov5_smddp.files.bounded_yaml import load_yaml, parse_yaml
 from yolov5_smddp.models import blocks
 from yolov5_smddp.models.detect import Detect
 

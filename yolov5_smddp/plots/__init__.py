@@ -19,11 +19,11 @@ import cv2
 import numpy as np
 import torch
 
-from yolov5_smddp import distributed
-from yolov5_smddp.boxes import xywh_to_xyxy
 from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.data.decode import ImageProblem, decode_image
-from yolov5_smddp.metrics import match_predictions
+from yolov5_smddp.detection.boxes import xywh_to_xyxy
+from yolov5_smddp.detection.metrics import match_predictions
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.plots.confusion import ConfusionMatrix
 from yolov5_smddp.plots.curves import Curves, compute_curves
 from yolov5_smddp.plots.mosaic import MAX_IMAGES, batch_mosaic, training_batch_boxes, write_jpeg
@@ -104,13 +104,13 @@ class ValidationPlots:
         """Collective (every rank, after a sharded `evaluate`): on rank 0 the statistics and the confusion
         matrix become those of every rank's images, in rank order; the other ranks keep their own. Exact:
         flags and classes are small integers, conf is float32 already. Alone: nothing to do."""
-        if not distributed.is_initialized():
+        if not process_group.is_initialized():
             return
         detections, target_cls = self._statistics()
-        all_detections = distributed.all_gather_rows(torch.from_numpy(detections))
-        all_targets = distributed.all_gather_rows(torch.from_numpy(target_cls).view(-1, 1))
-        matrices = distributed.all_gather_rows(torch.from_numpy(self.confusion.matrix))
-        if not distributed.is_main():
+        all_detections = process_group.all_gather_rows(torch.from_numpy(detections))
+        all_targets = process_group.all_gather_rows(torch.from_numpy(target_cls).view(-1, 1))
+        matrices = process_group.all_gather_rows(torch.from_numpy(self.confusion.matrix))
+        if not process_group.is_main():
             return
         merged = torch.cat(all_detections).numpy()
         self._correct, self._conf, self._pred_cls = [merged[:, 0] > 0.5], [merged[:, 1]], [merged[:, 2]]

@@ -10,7 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolov5_smddp.atomic import atomic_write
+from yolov5_smddp.files.atomic import atomic_write
 
 MAX_IMAGES = 16
 MAX_SIDE = 1920  # the whole mosaic's longest side

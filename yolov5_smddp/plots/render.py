@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
 
-from yolov5_smddp.atomic import atomic_write  # noqa: E402
+from yolov5_smddp.files.atomic import atomic_write  # noqa: E402
 from yolov5_smddp.plots.curves import GRID, Curves  # noqa: E402
 
 MAX_LEGEND_CLASSES = 20  # more classes: thin grey lines without a legend entry each

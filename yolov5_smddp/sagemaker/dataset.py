@@ -10,13 +10,13 @@ from pathlib import Path
 
 import yaml
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.data.cache import choose_cache_dir
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.labels import scan_workers
-from yolov5_smddp.data_pipeline import scan_split
 from yolov5_smddp.errors import ConfigError, DataError
+from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.sagemaker.env import TRAIN_CHANNELS, VAL_CHANNELS, WEIGHTS_CHANNELS, SageMakerEnv, channel
+from yolov5_smddp.train.data_wiring import scan_split
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 `run_job()` never writes os.environ: a worker in this process gets its place (`DistInfo`) directly, the
 elastic launcher gets the environment for its workers (`worker_environment`). The hyperparameters are
 parsed once: every worker gets that TrainConfig (`job_config`), in this process as it is, through the
-elastic launcher as JSON (yolov5_smddp.worker_config).
+elastic launcher as JSON (yolov5_smddp.config.worker_config).
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from yolov5_smddp import launch
-from yolov5_smddp.atomic import make_folder
 from yolov5_smddp.commands.train import run_config
-from yolov5_smddp.config import TrainConfig, parse_train_args
+from yolov5_smddp.config.hyp_options import fold_hyp_options
+from yolov5_smddp.config.train_config import TrainConfig, parse_train_args
+from yolov5_smddp.config.worker_config import with_options
 from yolov5_smddp.data.cache import choose_cache_dir
-from yolov5_smddp.distributed import DistInfo, detect_dist_info
+from yolov5_smddp.distributed.process_group import DistInfo, detect_dist_info
 from yolov5_smddp.errors import EXIT_INTERRUPTED
-from yolov5_smddp.hyp_options import fold_hyp_options
+from yolov5_smddp.files.atomic import make_folder
 from yolov5_smddp.sagemaker.dataset import check_dataset, prepare_data_yaml, weights_from_channel
 from yolov5_smddp.sagemaker.efa import network_environment
 from yolov5_smddp.sagemaker.env import SageMakerEnv, default_failure_file, read_environment
 from yolov5_smddp.sagemaker.failure import report_failure, report_stop
-from yolov5_smddp.worker_config import with_options
 
 log = logging.getLogger(__name__)
 

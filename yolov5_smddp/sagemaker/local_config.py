@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.sagemaker.env import base_dir
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from torch import nn
 
-from yolov5_smddp import export
-from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.ema import unwrap
-from yolov5_smddp.export import ExportOptions, export_model
+from yolov5_smddp.files.atomic import atomic_write
+from yolov5_smddp.inference import export
+from yolov5_smddp.inference.export import ExportOptions, export_model
+from yolov5_smddp.train.ema import unwrap
 
 log = logging.getLogger(__name__)
 

@@ -140,7 +140,7 @@ def _refusing(name: str):
     def refuse(*args, **kwargs):
         raise SmddpUnsupported(
             f"smddp stand-in: torch.distributed.{name} is not supported by SMDDP (AWS lists "
-            f"{', '.join(SUPPORTED)}); use yolov5_smddp.distributed's float32 helpers"
+            f"{', '.join(SUPPORTED)}); use yolov5_smddp.distributed.process_group's float32 helpers"
         )
 
     return refuse

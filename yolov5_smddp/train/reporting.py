@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from yolov5_smddp import checkpoint, mlflow_log, plots
-from yolov5_smddp.atomic import atomic_write
-from yolov5_smddp.ema import unwrap
-from yolov5_smddp.engine import EpochResult
-from yolov5_smddp.metrics import DetectionMetrics, results_table
+from yolov5_smddp import plots
+from yolov5_smddp.detection.metrics import DetectionMetrics, results_table
+from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
+from yolov5_smddp.train import checkpoint, mlflow_log
+from yolov5_smddp.train.ema import unwrap
+from yolov5_smddp.train.engine import EpochResult
 
 if TYPE_CHECKING:
-    from yolov5_smddp.run import EpochsOutcome, Run
+    from yolov5_smddp.train.run_state import EpochsOutcome, Run
 
 log = logging.getLogger("yolov5_smddp")
 

@@ -21,7 +21,7 @@ from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_byte
 from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
 
 if TYPE_CHECKING:
-    from yolov5_smddp.config import TrainConfig
+    from yolov5_smddp.config.train_config import TrainConfig
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -210,7 +210,7 @@ def val_shard_loader(
     """The val loader of this rank: its shard of whole batches of 2 x `per_rank` images (valshard; one
     log line on rank 0 says the split)."""
     from yolov5_smddp.data.loader import build_val_loader  # torch (see build_loaders)
-    from yolov5_smddp.valshard import split_summary
+    from yolov5_smddp.distributed.valshard import split_summary
 
     val_batch = per_rank * 2
     val_loader = build_val_loader(

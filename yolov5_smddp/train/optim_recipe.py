@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolov5_smddp import distributed
-from yolov5_smddp.config import Hyp
-from yolov5_smddp.ema import ModelEMA
-from yolov5_smddp.engine import NOMINAL_BATCH, AmpPolicy, accumulation
-from yolov5_smddp.loss import LossHyp, YoloLoss
+from yolov5_smddp.config.hyp import Hyp
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.train.ema import ModelEMA
+from yolov5_smddp.train.engine import NOMINAL_BATCH, AmpPolicy, accumulation
 
 
 def build_optimizer(
@@ -58,7 +58,7 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     )
 
 
-def loss_multiplier(info: distributed.DistInfo) -> float:
+def loss_multiplier(info: process_group.DistInfo) -> float:
     """The loss factor under DDP: the world size, cancelling DDP's gradient average over the ranks, so an
     optimizer step applies the sum of the per-batch gradients, as one process with the global batch does."""
     return float(info.world_size) if info.distributed else 1.0

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from yolov5_smddp.errors import ConfigError, WeightsError
-from yolov5_smddp.export import OPENVINO_METADATA, SUFFIXES, TORCHSCRIPT_CONFIG
+from yolov5_smddp.inference.export import OPENVINO_METADATA, SUFFIXES, TORCHSCRIPT_CONFIG
 
 MAX_METADATA_BYTES = 16 * 2**20
 

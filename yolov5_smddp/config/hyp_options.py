@@ -2,7 +2,7 @@
 
 AMT tunes whole hyperparameters, one number each, but our YOLOv5 hyperparameters (lr0, mosaic, ...) live in
 one option, `--hyp-override key=value,...`. So a tuning job names one hyperparameter per key, `hyp-lr0`,
-`hyp-mosaic` (`yolov5_smddp.job.tuner_kwargs` builds those names), and the SageMaker entrypoint calls
+`hyp-mosaic` (`yolov5_smddp.client.job.tuner_kwargs` builds those names), and the SageMaker entrypoint calls
 `fold_hyp_options()` on its arguments before parsing them: every `--hyp-<key> VALUE` becomes part of a single
 `--hyp-override`. The key is a hyperparameter YAML key (`weight_decay`; `hyp-weight-decay` works too).
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from yolov5_smddp.config import check_hyp_value, parse_overrides
+from yolov5_smddp.config.hyp import check_hyp_value
+from yolov5_smddp.config.parsing import parse_overrides
 from yolov5_smddp.errors import ConfigError
 
 PREFIX = "hyp-"

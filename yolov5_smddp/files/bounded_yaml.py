@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from yolov5_smddp.bounded_read import UnreadableFile, read_limited, shown
+from yolov5_smddp.files.bounded_read import UnreadableFile, read_limited, shown
 
 MAX_YAML_BYTES = 1024 * 1024
 """1 MiB: a data.yaml naming 10,000 classes is ~200 KB; configs are a few KB."""

@@ -11,12 +11,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, distributed
-from yolov5_smddp.config import BatchPlan, Hyp, OutputDirs, TrainConfig
-from yolov5_smddp.ema import unwrap
-from yolov5_smddp.engine import AmpPolicy, step_settings
-from yolov5_smddp.metrics import DetectionMetrics
-from yolov5_smddp.optim_recipe import TrainingStack
+from yolov5_smddp.config.batch import BatchPlan
+from yolov5_smddp.config.hyp import Hyp
+from yolov5_smddp.config.output_dirs import OutputDirs
+from yolov5_smddp.config.train_config import TrainConfig
+from yolov5_smddp.detection.metrics import DetectionMetrics
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.train import checkpoint
+from yolov5_smddp.train.ema import unwrap
+from yolov5_smddp.train.engine import AmpPolicy, step_settings
+from yolov5_smddp.train.optim_recipe import TrainingStack
 
 MIN_WARMUP_ITERS = 100
 
@@ -36,7 +40,7 @@ class Run:
     what a checkpoint holds besides the RunState. Only `planned` (the epoch count) changes afterwards."""
 
     config: TrainConfig
-    info: distributed.DistInfo
+    info: process_group.DistInfo
     dirs: OutputDirs
     plan: BatchPlan
     amp: AmpPolicy

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolov5_smddp.atomic import atomic_write
 from yolov5_smddp.errors import WeightsError
+from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
 
 FORMAT = "yolov5-smddp-train-checkpoint/1"

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from yolov5_smddp.boxes import complete_iou
+from yolov5_smddp.detection.boxes import complete_iou
 
 if TYPE_CHECKING:
-    from yolov5_smddp.config import Hyp
+    from yolov5_smddp.config.hyp import Hyp
 
 # Objectness weight per output level (P3, P4, P5): small strides see many more negative cells.
 OBJ_BALANCE = {3: (4.0, 1.0, 0.4)}

@@ -28,8 +28,8 @@ import torch
 import yaml
 from torch import nn
 
-from yolov5_smddp.atomic import atomic_write, make_folder
 from yolov5_smddp.errors import ConfigError, output_error
+from yolov5_smddp.files.atomic import atomic_write, make_folder
 from yolov5_smddp.models.yolo import DetectionModel
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The training run, top to bottom: resumable checkpoint → decide (decisions.py: hyperparameters, batch
-split, backend, precision) → data (data_pipeline.py; scanned on every rank before the process group
+split, backend, precision) → data (data_wiring.py; scanned on every rank before the process group
 exists, so no rank waits in a collective while another scans) → process group → the Run (model, the
 optimiser recipe of optim_recipe.py, SyncBatchNorm, loaders) → resume (resumption.py) → epochs (train,
 validate the EMA — every rank its shard, metrics on rank 0 — checkpoint, early stop agreed by
@@ -24,13 +24,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolov5_smddp import checkpoint, data_pipeline, distributed, mlflow_log, plots, reporting
-from yolov5_smddp.budget import TimeBudget, counting_clock
-from yolov5_smddp.config import OutputDirs, TrainConfig, check_freeze
-from yolov5_smddp.data_pipeline import DataBundle
-from yolov5_smddp.decisions import Decisions, decide
-from yolov5_smddp.ema import unwrap
-from yolov5_smddp.engine import (
+from yolov5_smddp import plots
+from yolov5_smddp.config.output_dirs import OutputDirs
+from yolov5_smddp.config.train_config import TrainConfig, check_freeze
+from yolov5_smddp.detection.metrics import DetectionMetrics
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.errors import EXIT_INTERRUPTED
+from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
+from yolov5_smddp.models.initial import initial_model
+from yolov5_smddp.telemetry import emit, metric_line
+from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, reporting
+from yolov5_smddp.train.budget import TimeBudget, counting_clock
+from yolov5_smddp.train.data_wiring import DataBundle
+from yolov5_smddp.train.decisions import Decisions, decide
+from yolov5_smddp.train.ema import unwrap
+from yolov5_smddp.train.engine import (
     EpochResult,
     TrainStep,
     accumulation,
@@ -38,21 +46,16 @@ from yolov5_smddp.engine import (
     evaluate,
     train_one_epoch,
 )
-from yolov5_smddp.errors import EXIT_INTERRUPTED
-from yolov5_smddp.metrics import DetectionMetrics
-from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
-from yolov5_smddp.models.initial import initial_model
-from yolov5_smddp.optim_recipe import (
+from yolov5_smddp.train.optim_recipe import (
     build_training_stack,
     freeze_layers,
     loss_multiplier,
     wrap_ddp,
 )
-from yolov5_smddp.resumption import resumable_checkpoint, resume
-from yolov5_smddp.run import MIN_WARMUP_ITERS, EpochsOutcome, PlannedEpochs, Run
-from yolov5_smddp.runtime import RuntimeSettings, apply_runtime, decide_runtime
-from yolov5_smddp.stop_signal import StopOnSigterm
-from yolov5_smddp.telemetry import emit, metric_line
+from yolov5_smddp.train.resumption import resumable_checkpoint, resume
+from yolov5_smddp.train.run_state import MIN_WARMUP_ITERS, EpochsOutcome, PlannedEpochs, Run
+from yolov5_smddp.train.runtime import RuntimeSettings, apply_runtime, decide_runtime
+from yolov5_smddp.train.stop_signal import StopOnSigterm
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -77,7 +80,7 @@ def build_detection_model(
     """The model for the dataset's classes: a resumed checkpoint's `resume_cfg`, else --cfg and --weights
     (`initial_model`); on a fresh run AutoAnchor checks/fits the anchors (rank 0 computes, every rank gets
     them) before the EMA copies them; frozen layers, on `device`."""
-    main = distributed.is_main()
+    main = process_group.is_main()
     initial = initial_model(
         config.cfg,
         config.weights,
@@ -109,7 +112,7 @@ def build_detection_model(
 
 
 def with_sync_batchnorm(
-    model: nn.Module, config: TrainConfig, info: distributed.DistInfo, device: torch.device
+    model: nn.Module, config: TrainConfig, info: process_group.DistInfo, device: torch.device
 ) -> nn.Module:
     """--sync-bn on several CUDA ranks: the model with SyncBatchNorm layers (sharing the parameters and
     running statistics of `model`, so its EMA and optimizer, built before, still hold them); else `model`."""
@@ -297,7 +300,7 @@ def validate_epoch(
         recorder = plots.ValidationPlots(
             index.images, index.shapes, index.labels, bundle.nc, keep_first=run.main
         )
-    distributed.broadcast_module(run.stack.ema.module)  # one model: rank 0's EMA, buffers too
+    process_group.broadcast_module(run.stack.ema.module)  # one model: rank 0's EMA, buffers too
     metrics = validate(
         run,
         run.stack.ema.module,
@@ -318,7 +321,7 @@ def stop_after_epoch(
     the last epoch (then `outcome` records the interruption)."""
     main, patience = run.main, run.config.patience
     stop_early = main and patience > 0 and state.stale_epochs >= patience
-    stop_early, sigterm = map(bool, distributed.broadcast_ints((stop_early, main and stop.requested)))
+    stop_early, sigterm = map(bool, process_group.broadcast_ints((stop_early, main and stop.requested)))
     if sigterm and epoch + 1 < run.epochs:
         if main:
             where = checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir)
@@ -363,14 +366,14 @@ def share_anchor_check(check: AnchorCheck | None, *, anchors: int) -> AnchorChec
     """AutoAnchor's `share`: rank 0's check (None elsewhere) on every rank, one float broadcast of
     `AnchorCheck.to_vector()` (`anchors`: the model's anchor count, nl * na)."""
     vector = check.to_vector() if check is not None else np.zeros(4 + 2 * anchors)
-    return AnchorCheck.from_vector(distributed.broadcast_tensor(torch.from_numpy(vector)).numpy())
+    return AnchorCheck.from_vector(process_group.broadcast_tensor(torch.from_numpy(vector)).numpy())
 
 
 def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epochs_done: int) -> None:
     """--time, after an epoch's training: rank 0 plans the run's epochs from the measured epoch times
     (budget.py), every rank takes its count (the schedule follows it); the state records the seconds used
     and the plan for the checkpoint."""
-    (planned,) = distributed.broadcast_ints((budget.plan(epochs_done) if run.main else 0,))
+    (planned,) = process_group.broadcast_ints((budget.plan(epochs_done) if run.main else 0,))
     if run.main and planned != run.epochs:
         log.info(
             "time budget: %.3g of %.3g h used, the last epoch %.1f s: %d epochs in all (was %d)",
@@ -384,7 +387,7 @@ def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epo
     state.time_used = budget.used
 
 
-def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> int:
+def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -> int:
     """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
     SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
     job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
@@ -392,7 +395,7 @@ def train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs) -> 
         return _train(config, info, dirs, stop)
 
 
-def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, stop: StopOnSigterm) -> int:
+def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, stop: StopOnSigterm) -> int:
     started = time.perf_counter()
 
     # -- the run resumed (--resume: its options; a checkpoint_dir/last.pt of the same run), else a new one
@@ -402,10 +405,10 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
     decided = decide(config, info)
 
     # -- data: scanned on every rank BEFORE the process group exists
-    bundle = data_pipeline.scan_data(config, dirs.cache_dir)
+    bundle = data_wiring.scan_data(config, dirs.cache_dir)
 
     # -- process group and device
-    device = distributed.init(info, decided.backend, decided.device_type, config.dist_timeout)
+    device = process_group.init(info, decided.backend, decided.device_type, config.dist_timeout)
     seed_everything(config.seed + info.rank)
     if info.rank == 0:
         log.info(
@@ -437,13 +440,13 @@ def _train(config: TrainConfig, info: distributed.DistInfo, dirs: OutputDirs, st
         reporting.write_final_outputs(run, state, outcome, started, time_left=stop.time_left)
     if tracking is not None:  # after best.pt is written: it is one of the artefacts
         tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
-    distributed.barrier()
+    process_group.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
 def build_run(
     config: TrainConfig,
-    info: distributed.DistInfo,
+    info: process_group.DistInfo,
     dirs: OutputDirs,
     decided: Decisions,
     bundle: DataBundle,
@@ -471,7 +474,7 @@ def build_run(
         label_smoothing=config.label_smoothing,
     )
     model = with_sync_batchnorm(model, config, info, device)
-    train_loader, val_loader, workers = data_pipeline.build_loaders(
+    train_loader, val_loader, workers = data_wiring.build_loaders(
         config,
         bundle,
         stack.hyp.to_dict(),  # data/ takes the plain key: value form
@@ -504,7 +507,7 @@ def build_run(
 
 
 def runtime_for_loaders(
-    config: TrainConfig, info: distributed.DistInfo, device: torch.device, workers: int
+    config: TrainConfig, info: process_group.DistInfo, device: torch.device, workers: int
 ) -> RuntimeSettings:
     """This process's CPU threads and cudnn.benchmark beside `workers` loader workers (runtime.py), applied."""
     settings = decide_runtime(
@@ -546,11 +549,11 @@ def validate_best(
     and when `should_stop()` turns true (SIGTERM) on any rank."""
     ema = run.stack.ema
     best_path = run.dirs.checkpoint_dir / checkpoint.BEST
-    if not distributed.broadcast_ints((run.main and best_path.is_file(),))[0]:
+    if not process_group.broadcast_ints((run.main and best_path.is_file(),))[0]:
         return None
     if run.main:
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
-    distributed.broadcast_module(ema.module)
+    process_group.broadcast_module(ema.module)
     with torch.no_grad():
         for tensor in ema.module.state_dict().values():
             if tensor.is_floating_point():

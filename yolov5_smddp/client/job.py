@@ -26,9 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from yolov5_smddp import dlc
-from yolov5_smddp.config import check_hyp_value, parse_overrides, parse_train_args
+from yolov5_smddp.config.hyp import check_hyp_value
+from yolov5_smddp.config.hyp_options import hyp_key
+from yolov5_smddp.config.parsing import parse_overrides
+from yolov5_smddp.config.train_config import parse_train_args
 from yolov5_smddp.errors import ConfigError
-from yolov5_smddp.hyp_options import hyp_key
 from yolov5_smddp.telemetry import METRIC_DEFINITIONS
 
 DISTRIBUTIONS = ("smddp", "torchrun", "none")
@@ -388,7 +390,7 @@ class TuningSpec:
     ranges: Mapping[str, ParameterRange]
     """Hyperparameter name -> range. A training option (`epochs`, `optimizer`, `cos-lr`, ...) or one key of
     the hyperparameter YAML as `hyp-<key>` (`hyp-lr0`, `hyp-mosaic`): the entrypoint folds those into
-    `--hyp-override` (yolov5_smddp.hyp_options), since AMT tunes whole hyperparameters only."""
+    `--hyp-override` (yolov5_smddp.config.hyp_options), since AMT tunes whole hyperparameters only."""
     objective_metric: str = OBJECTIVE_METRIC
     objective_type: str = "Maximize"
     strategy: str = "Bayesian"

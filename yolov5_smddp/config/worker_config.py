@@ -14,7 +14,7 @@ import json
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from yolov5_smddp.config import TrainConfig
+from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.errors import ConfigError
 
 FORMAT = "yolov5-smddp-train-config/1"

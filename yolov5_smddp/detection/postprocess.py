@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchvision.ops import batched_nms, nms
 
-from yolov5_smddp.boxes import xywh_to_xyxy
+from yolov5_smddp.detection.boxes import xywh_to_xyxy
 
 
 def non_max_suppression(

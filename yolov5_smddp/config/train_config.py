@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_type_hints
 
-from yolov5_smddp.bounded_read import shown
-from yolov5_smddp.bounded_yaml import load_yaml
+from yolov5_smddp.config.hyp import check_hyp_value
+from yolov5_smddp.config.parsing import (
+    ConfigArgumentParser,
+    _choice,
+    _JoinLists,
+    _layer_list,
+    _optional_string,
+    _resume_value,
+    _value_parser,
+    option,
+    parse_bool,
+    parse_overrides,
+)
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.errors import ConfigError
 
-HYP_NAMES = ("scratch-low", "scratch-med", "scratch-high")
 Optimizer = Literal["SGD", "Adam", "AdamW"]
 AmpMode = Literal["auto", "fp16", "bf16", "off"]
 Backend = Literal["auto", "smddp", "nccl", "gloo"]
@@ -44,221 +50,6 @@ RECENT_PARTNERS_HELP = (
     "per sample instead of four, but partners only from ~32 recent images; measured 0.030 mAP50-95 "
     "lower, 0.414 vs 0.444, yolov5n 30 epochs on a 1,000-image shapes set: docs/ACCURACY.md)"
 )
-
-
-def _key(low: float, high: float, unused: str | None = None) -> Any:
-    """A hyperparameter: its allowed closed range and, for a key kept only for the release's files, why
-    its value does nothing here."""
-    return field(metadata={"range": (low, high), "unused": unused})
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hyp:
-    """The hyperparameter keys, each with its allowed closed range: the one declaration of them. Values
-    come from the YAMLs in yolov5_smddp/hyps/ (the release's recipes; a user file may hold a subset, the
-    rest come from scratch-low) and `--hyp-override`. The loss gains box/cls/obj are for 3 levels, 80
-    classes and 640 px; the trainer rescales them."""
-
-    lr0: float = _key(1e-8, 1.0)
-    """initial learning rate (SGD; ~1e-3 for Adam/AdamW)."""
-    lrf: float = _key(1e-6, 1.0)
-    """final learning rate = lr0 * lrf."""
-    momentum: float = _key(0.0, 0.999)
-    """SGD momentum / Adam beta1."""
-    weight_decay: float = _key(0.0, 0.1)
-    """weight decay of conv/linear weights (scaled with the nominal batch)."""
-    warmup_epochs: float = _key(0.0, 100.0)
-    """warmup length in epochs (at least 100 iterations)."""
-    warmup_momentum: float = _key(0.0, 0.999)
-    """momentum at the start of warmup."""
-    warmup_bias_lr: float = _key(0.0, 1.0)
-    """bias learning rate at the start of warmup."""
-    box: float = _key(0.0, 100.0)
-    """box loss gain."""
-    cls: float = _key(0.0, 100.0)
-    """class loss gain."""
-    cls_pw: float = _key(1e-3, 100.0)
-    """class BCE positive weight."""
-    obj: float = _key(0.0, 100.0)
-    """objectness loss gain."""
-    obj_pw: float = _key(1e-3, 100.0)
-    """objectness BCE positive weight."""
-    iou_t: float = _key(0.0, 1.0, unused="the release's loss never reads it either; anchor_t decides")
-    """IoU training threshold (kept for the release's files)."""
-    anchor_t: float = _key(1.0, 100.0)
-    """anchor-multiple threshold for target assignment."""
-    fl_gamma: float = _key(0.0, 10.0)
-    """focal loss gamma (0 = plain BCE)."""
-    hsv_h: float = _key(0.0, 1.0)
-    """HSV hue jitter (fraction)."""
-    hsv_s: float = _key(0.0, 1.0)
-    """HSV saturation jitter (fraction)."""
-    hsv_v: float = _key(0.0, 1.0)
-    """HSV value jitter (fraction)."""
-    degrees: float = _key(0.0, 180.0)
-    """rotation (+/- degrees)."""
-    translate: float = _key(0.0, 0.99)
-    """translation (+/- fraction)."""
-    scale: float = _key(0.0, 0.99)
-    """scale gain (+/-)."""
-    shear: float = _key(0.0, 90.0)
-    """shear (+/- degrees)."""
-    perspective: float = _key(0.0, 0.001)
-    """perspective (+/- fraction)."""
-    flipud: float = _key(0.0, 1.0)
-    """vertical flip probability."""
-    fliplr: float = _key(0.0, 1.0)
-    """horizontal flip probability."""
-    mosaic: float = _key(0.0, 1.0)
-    """mosaic probability."""
-    mixup: float = _key(0.0, 1.0)
-    """mixup probability."""
-    copy_paste: float = _key(0.0, 1.0, unused="segment copy-paste needs polygon labels; boxes-only here")
-    """segment copy-paste probability (kept for the release's files)."""
-
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, float]) -> Hyp:
-        """The typed form of a full key: value mapping (`load_hyp`'s, a checkpoint's "hyp"): the boundary
-        between the user-facing format and the code, which reads attributes. ConfigError naming the
-        missing or unknown keys."""
-        missing = [k for k in cls.keys() if k not in values]
-        unknown = sorted(set(values) - set(cls.keys()))
-        if missing or unknown:
-            raise ConfigError(f"hyperparameters: missing keys {missing}, unknown keys {unknown}")
-        return cls(**{k: float(values[k]) for k in cls.keys()})
-
-    def to_dict(self) -> dict[str, float]:
-        """The key: value mapping, in declaration order (what checkpoints, config.json and MLflow record)."""
-        return {k: getattr(self, k) for k in self.keys()}
-
-
-HYP_RANGES: dict[str, tuple[float, float]] = {f.name: f.metadata["range"] for f in dataclasses.fields(Hyp)}
-"""Allowed closed range per hyperparameter key (from `Hyp`)."""
-UNUSED_HYP: dict[str, str] = {
-    f.name: f.metadata["unused"] for f in dataclasses.fields(Hyp) if f.metadata["unused"]
-}
-"""Keys accepted for the release's files that change nothing here, and why."""
-
-
-def unused_hyp_warnings(hyp: Mapping[str, float], reference: Mapping[str, float]) -> list[str]:
-    """One message per unused key (UNUSED_HYP) whose value in `hyp` differs from `reference` (scratch-low):
-    a value someone set expecting an effect."""
-    return [
-        f"hyperparameter {key}={hyp[key]:g} has no effect: {why}"
-        for key, why in UNUSED_HYP.items()
-        if key in hyp and hyp[key] != reference.get(key)
-    ]
-
-
-# ------------------------------------------------------------------------------------------ command line
-
-
-class ConfigArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are ConfigErrors (no SystemExit in library code)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"invalid training option: {message}")
-
-
-def parse_bool(text: str) -> bool:
-    lowered = str(text).strip().strip('"').lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True/False/true/false/1/0, got {text!r}")
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        return text[1:-1]
-    return text
-
-
-def _string(text: str) -> str:
-    return _unquote(text)
-
-
-def _optional_string(text: str) -> str | None:
-    value = _unquote(text)
-    return None if value.lower() in ("", "none", "null") else value
-
-
-def parse_int_list(text: str, *, minimum: int | None = None, what: str = "integers") -> list[int]:
-    """'10', '0,1,2', '[0, 1, 2]' → list of ints; an argparse `type` (ArgumentTypeError naming `what`).
-    `minimum`: every value must be >= it, and the list must not be empty."""
-    value = _unquote(text)
-    try:
-        parsed = (
-            json.loads(value) if value.startswith("[") else [int(v) for v in value.split(",") if v.strip()]
-        )
-        if isinstance(parsed, int):
-            parsed = [parsed]
-        values = [int(v) for v in parsed]
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from exc
-    if minimum is not None and (not values or min(values) < minimum):
-        raise argparse.ArgumentTypeError(f"expected {what} >= {minimum}, got {text!r}")
-    return values
-
-
-def _layer_list(text: str) -> list[int]:
-    return parse_int_list(text, what="a layer count or a list of layer indices")
-
-
-class _JoinLists(argparse.Action):
-    """`--freeze 0 1 2` (nargs="+", each word a list): the words' lists joined into one."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        setattr(namespace, self.dest, [item for part in values for item in part])
-
-
-def _resume_value(text: str) -> str | None:
-    """`--resume PATH`; `--resume true` (a SageMaker hyperparameter) is the bare `--resume` ("": the newest
-    last.pt of the run folder); `--resume false` is no resume."""
-    value = _unquote(text)
-    if value.lower() in ("true", "1"):
-        return ""
-    return None if value.lower() in ("false", "0", "none", "null") else value
-
-
-def parse_overrides(text: str) -> dict[str, float]:
-    """'lr0=0.02,mosaic=0' or a JSON object '{"lr0": 0.02}' → {key: float}."""
-    value = _unquote(text)
-    try:
-        if value.startswith("{"):
-            pairs = json.loads(value)
-            if not isinstance(pairs, dict):
-                raise ValueError("not an object")
-            return {str(k): float(v) for k, v in pairs.items()}  # OverflowError: an int beyond float
-        out: dict[str, float] = {}
-        for item in filter(None, (p.strip() for p in value.split(","))):
-            key, sep, number = item.partition("=")
-            if not sep:
-                raise ValueError(f"{item!r} is not key=value")
-            out[key.strip()] = float(number)
-        return out
-    except (ValueError, TypeError, OverflowError, json.JSONDecodeError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected key=value,key=value or a JSON object, got {_short(text, 200)} ({_short(str(exc), 200)})"
-        ) from exc
-
-
-def _choice(choices: tuple[str, ...]):
-    def convert(text: str) -> str:
-        value = _unquote(text)
-        for choice in choices:
-            if value.lower() == choice.lower():
-                return choice
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
-
-    convert.__name__ = "choice"
-    return convert
 
 
 def _optional_int(text: str) -> int | None:
@@ -309,23 +100,6 @@ RESUME_FROM_COMMAND: tuple[str, ...] = (
 """The options a resumed run takes from its command line (given or default): where it writes, the
 machine's settings, what it reports. Every other option is the run's, from its checkpoint; one given on
 the command line with another value is refused (`resume_run`)."""
-
-
-def option(
-    default: Any = dataclasses.MISSING,
-    *,
-    factory: Any = dataclasses.MISSING,
-    help: str | None = None,
-    parse: Any = None,
-    flags: tuple[str, ...] = (),
-    hidden: bool = False,
-    **argparse_kwargs: Any,
-) -> Any:
-    """A TrainConfig field and its command-line option: `--name-with-dashes` and `--name_with_underscores`
-    unless `flags` names them; the value parser follows the type (bool: an optional true/false, Literal: a
-    case-insensitive choice, `X | None`: "none" means None) unless `parse` is given."""
-    cli = {"help": argparse.SUPPRESS if hidden else help, "parse": parse, "flags": flags, **argparse_kwargs}
-    return field(default=default, default_factory=factory, metadata={"cli": cli})
 
 
 @dataclass(kw_only=True)
@@ -662,110 +436,6 @@ def _check(ok: bool, option: str, value: object, why: str) -> None:
 # ---------------------------------------------------------------------------------------------- batches
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    """global_batch = per_rank * world_size."""
-
-    global_batch: int
-    per_rank: int
-
-
-def plan_batch(batch_size: int | None, batch_per_gpu: int | None, world_size: int) -> BatchPlan:
-    """Split the global batch over `world_size` ranks; a global batch that does not divide is an error."""
-    if batch_per_gpu is not None:
-        if batch_size is not None and batch_size != batch_per_gpu * world_size:
-            raise ConfigError(
-                f"--batch-size={batch_size} contradicts --batch-per-gpu={batch_per_gpu} with {world_size} "
-                f"rank(s) (= global batch {batch_per_gpu * world_size}); give only one of them"
-            )
-        return BatchPlan(batch_per_gpu * world_size, batch_per_gpu)
-    total = 16 if batch_size is None else batch_size
-    if total % world_size:
-        raise ConfigError(
-            f"--batch-size={total} is the GLOBAL batch and must be divisible by the world size {world_size}; "
-            f"use e.g. --batch-size {max(1, total // world_size) * world_size} or --batch-per-gpu"
-        )
-    return BatchPlan(total, total // world_size)
-
-
-# ---------------------------------------------------------------------------------------- hyperparameters
-
-
-def check_hyp_value(key: str, value: object, *, source: str) -> float:
-    """Return `value` as a float if `key` is a known hyperparameter and the value lies in its range."""
-    if key not in HYP_RANGES:
-        raise ConfigError(f"{source}: unknown hyperparameter {key!r}; known keys: {', '.join(HYP_RANGES)}")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{source}: hyperparameter {key}={_short(value)} is not a number")
-    low, high = HYP_RANGES[key]
-    # an int beyond float's range (a 400-digit number) compares exactly, without math.isfinite's OverflowError
-    if not ((isinstance(value, int) or math.isfinite(value)) and low <= value <= high):
-        raise ConfigError(f"{source}: hyperparameter {key}={_short(value)} is out of range [{low}, {high}]")
-    return float(value)
-
-
-def _short(value: object, limit: int = 40) -> str:
-    """repr(value), cut to `limit` characters (a 400-digit number in a message stays readable)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else f"{str(value)[:20]}..."
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def hyp_path(name_or_path: str) -> Path | None:
-    """The shipped YAML for a name (`scratch-low`, `hyp.scratch-low.yaml`), else None."""
-    stem = name_or_path.removeprefix("hyp.").removesuffix(".yaml")
-    if stem in HYP_NAMES:
-        return Path(str(resources.files("yolov5_smddp") / "hyps" / f"hyp.{stem}.yaml"))
-    return None
-
-
-def load_hyp(name_or_path: str, overrides: dict[str, float] | None = None) -> dict[str, float]:
-    """Read a hyperparameter YAML (shipped name or path), validate it and apply `overrides`.
-
-    A user file may hold a subset of the keys; the rest come from scratch-low. Unknown keys and
-    out-of-range values are ConfigErrors naming the key and the file.
-    """
-    path = hyp_path(name_or_path) or Path(name_or_path)
-    if not path.exists():  # a FIFO or a folder is named by load_yaml
-        raise ConfigError(f"--hyp={name_or_path!r}: no such file, and not one of {', '.join(HYP_NAMES)}")
-    loaded = load_yaml(path, ConfigError, origin=f"--hyp file {shown(path)}")
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"--hyp file {path} must be a mapping of key: number")
-    base: dict[str, float] = {}
-    if path != hyp_path("scratch-low"):
-        base = load_hyp("scratch-low")
-    for key, value in loaded.items():
-        base[str(key)] = check_hyp_value(str(key), value, source=f"--hyp file {path}")
-    for key, value in (overrides or {}).items():
-        base[key] = check_hyp_value(key, value, source="--hyp-override")
-    return base
-
-
-# ------------------------------------------------------------------------------------------ command line
-
-
-def _value_parser(hint: Any) -> Any:
-    """The argparse `type` for a field's type hint."""
-    optional = type(None) in get_args(hint)
-    base = next((a for a in get_args(hint) if a is not type(None)), hint) if optional else hint
-    if get_origin(base) is Literal:
-        convert = _choice(get_args(base))
-    elif base is str:
-        convert = _string
-    elif base in (int, float):
-        convert = base
-    else:
-        raise TypeError(f"TrainConfig: no command-line parser for {hint!r}; give option(parse=...)")
-    if not optional:
-        return convert
-
-    def optional_value(text: str):
-        value = _optional_string(text)
-        return None if value is None else convert(value)
-
-    optional_value.__name__ = getattr(convert, "__name__", "value")
-    return optional_value
-
-
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every TrainConfig field as an option, derived from the field, its type and `option(...)`
     (defaults stay None so the dataclass owns them)."""
@@ -800,125 +470,3 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
 
 
 # ------------------------------------------------------------------------------------------ resume
-
-
-def same_data(given: str | None, theirs: str | None) -> bool:
-    """Whether the data option `given` names the run's dataset `theirs`: the same path, or a data.yaml of
-    the same bytes elsewhere (a moved dataset, SageMaker's rebased copy under another cache folder), or
-    the run's file no longer exists (the dataset moved: `given` is where it is now)."""
-    if given == theirs:
-        return True
-    if given is None or theirs is None:
-        return False
-    mine, runs = Path(given), Path(theirs)
-    if not runs.is_file():
-        return mine.is_file()
-    if not mine.is_file() or mine.stat().st_size != runs.stat().st_size or mine.stat().st_size > 1 << 24:
-        return False
-    return mine.read_bytes() == runs.read_bytes()
-
-
-def resume_run(command: TrainConfig, saved: Mapping[str, Any], source: Path) -> TrainConfig:
-    """The config of the run resumed from checkpoint `source`: the run's options as `saved` (the
-    checkpoint's "config") records them, with RESUME_FROM_COMMAND's from `command`. ConfigError naming the
-    option when `command` gives another one a value the run did not have (the data by `same_data`)."""
-    known = {f.name for f in dataclasses.fields(TrainConfig) if f.name != "given"}
-    values = {k: v for k, v in saved.items() if k in known}  # a field newer than the checkpoint: its default
-    values.update({name: getattr(command, name) for name in RESUME_FROM_COMMAND})
-    run = TrainConfig(**values, given=command.given)
-    run.freeze = list(saved.get("freeze", run.freeze))  # recorded expanded: `--freeze 1` is [0], not [] again
-    run.resume = str(source)
-    for name in sorted(command.given - set(RESUME_FROM_COMMAND)):
-        mine, theirs = getattr(command, name), getattr(run, name)
-        if name == "data" and same_data(mine, theirs):
-            run.data = mine
-        elif mine != theirs:
-            raise ConfigError(
-                f"{_opt(name)} {_shown(mine)} contradicts the run being resumed ({source}: {_shown(theirs)}); "
-                f"resume without {_opt(name)}, or start a new run from its weights with --weights {source}"
-            )
-    return run
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value) or "none"
-    return "the default (none)" if value is None else str(value)
-
-
-def resume_source(config: TrainConfig, cwd: Path) -> Path | None:
-    """The checkpoint `--resume` names: its path, or for a bare `--resume` the newest last.pt in
-    --checkpoint-dir or in the run folders under --project; None without --resume. ConfigError when there
-    is none."""
-    if config.resume is None:
-        return None
-    if config.resume:
-        path = Path(config.resume)
-        if not path.is_file():
-            raise ConfigError(f"--resume {config.resume}: no such file")
-        return path
-    if config.checkpoint_dir:
-        candidates = [Path(config.checkpoint_dir) / "last.pt"]
-        where = f"--checkpoint-dir {config.checkpoint_dir}"
-    else:
-        candidates = list((cwd / config.project).glob("*/checkpoints/last.pt"))
-        where = f"the run folders under {cwd / config.project}"
-    found = [p for p in candidates if p.is_file()]
-    if not found:
-        raise ConfigError(f"--resume: no last.pt in {where}; give the checkpoint: --resume PATH/last.pt")
-    return max(found, key=lambda p: p.stat().st_mtime_ns)
-
-
-def run_folder(project: Path, name: str, exist_ok: bool) -> Path:
-    """project/name, or with it taken (and not `exist_ok`) the first free of name2, name3, ... (the
-    release's run folders)."""
-    folder = project / name
-    number = 2
-    while not exist_ok and folder.exists():
-        folder, number = project / f"{name}{number}", number + 1
-    return folder
-
-
-@dataclass(frozen=True, kw_only=True)
-class OutputDirs:
-    """The folders one training run writes to (see TrainConfig for what goes where)."""
-
-    model_dir: Path
-    output_dir: Path
-    checkpoint_dir: Path
-    cache_dir: Path
-    tensorboard_dir: Path | None = None
-    resume_from: Path | None = None
-    """the checkpoint --resume names (`resume_source`); None without --resume."""
-
-
-def resolve_output_dirs(
-    config: TrainConfig, cwd: Path, environ: Mapping[str, str] | None = None, home: Path | None = None
-) -> OutputDirs:
-    """The folders a run writes to: the given ones, else model/, output/ and checkpoints/ of its run folder.
-    The run folder: with --resume, the resumed run's (the checkpoint's folder's parent when that folder is
-    `checkpoints`, else the checkpoint's folder); else `run_folder` of --project/--name under `cwd`. Every
-    rank resolves it before the process group forms, so all of them find the same free name (rank 0 makes
-    the folders later). The cache folder: `data.cache.choose_cache_dir` (--cache-dir, else the user's of
-    `environ`, default os.environ, and `home`)."""
-    from yolov5_smddp.data.cache import choose_cache_dir
-
-    resumed = resume_source(config, cwd)
-    if resumed is not None:
-        checkpoints = resumed.parent
-        run = checkpoints.parent if checkpoints.name == "checkpoints" else checkpoints
-    else:
-        run = run_folder(cwd / config.project, config.name, config.exist_ok)
-        checkpoints = run / "checkpoints"
-
-    def given_or(value: str | None, default: Path) -> Path:
-        return Path(value) if value else default
-
-    return OutputDirs(
-        model_dir=given_or(config.model_dir, run / "model"),
-        output_dir=given_or(config.output_dir, run / "output"),
-        checkpoint_dir=given_or(config.checkpoint_dir, checkpoints),
-        cache_dir=choose_cache_dir(config.cache_dir, environ=environ, home=home),
-        tensorboard_dir=Path(config.tensorboard_dir) if config.tensorboard_dir else None,
-        resume_from=resumed,
-    )

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import torch
 
-from yolov5_smddp import distributed
-from yolov5_smddp.config import BatchPlan, Hyp, TrainConfig, load_hyp, plan_batch, unused_hyp_warnings
+from yolov5_smddp.config.batch import BatchPlan, plan_batch
+from yolov5_smddp.config.hyp import Hyp, load_hyp, unused_hyp_warnings
+from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.data.color import runs_on_device
-from yolov5_smddp.engine import AmpPolicy, resolve_amp
+from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import load_model_config
+from yolov5_smddp.train.engine import AmpPolicy, resolve_amp
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -34,7 +36,7 @@ class Decisions:
     """HSV jitter and flips on the device batch (`--color-aug`), not in the loader workers."""
 
 
-def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
+def decide(config: TrainConfig, info: process_group.DistInfo) -> Decisions:
     """Hyperparameters, batch split, backend/device and precision; a bad --cfg/--weights fails here too."""
     hyp = load_hyp(config.hyp, config.hyp_overrides)  # the YAML's key: value form, typed below
     if info.rank == 0:
@@ -42,7 +44,7 @@ def decide(config: TrainConfig, info: distributed.DistInfo) -> Decisions:
             log.warning("%s", warning)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     cuda = torch.cuda.is_available()
-    backend, device_type = distributed.resolve(config.backend, info, cuda)
+    backend, device_type = process_group.resolve(config.backend, info, cuda)
     amp = resolve_amp(
         config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
     )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from yolov5_smddp.errors import DataError
-from yolov5_smddp.predict_sources import GLOB_CHARACTERS, Frame, MediaFile, is_glob
+from yolov5_smddp.inference.predict_sources import GLOB_CHARACTERS, Frame, MediaFile, is_glob
 
 if TYPE_CHECKING:
     import torch

@@ -20,21 +20,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yolov5_smddp import distributed
-from yolov5_smddp.boxes import scale_boxes, xywh_to_xyxy
-from yolov5_smddp.config import Hyp
+from yolov5_smddp.config.hyp import Hyp
 from yolov5_smddp.data.color import apply_color
-from yolov5_smddp.ema import ModelEMA, unwrap
-from yolov5_smddp.errors import ConfigError, UserError
-from yolov5_smddp.metrics import (
+from yolov5_smddp.detection.boxes import scale_boxes, xywh_to_xyxy
+from yolov5_smddp.detection.metrics import (
     DetectionMetrics,
     MetricAccumulator,
     metrics_from_state,
     pack_state,
     unpack_states,
 )
-from yolov5_smddp.postprocess import non_max_suppression
+from yolov5_smddp.detection.postprocess import non_max_suppression
+from yolov5_smddp.distributed import process_group
+from yolov5_smddp.errors import ConfigError, UserError
 from yolov5_smddp.telemetry import Throughput, emit, metric_line
+from yolov5_smddp.train.ema import ModelEMA, unwrap
 
 GRAD_CLIP_NORM = 10.0
 NOMINAL_BATCH = 64
@@ -391,7 +391,7 @@ def train_one_epoch(
             flags = torch.stack(
                 [step.nonfinite_run.float(), torch.tensor(float(stop_requested()), device=step.device)]
             )
-            distributed.all_reduce_sum(flags)
+            process_group.all_reduce_sum(flags)
             nonfinite, stop = flags.tolist()
             mean = (loss_sum / count).tolist()
             rate = window.summary()
@@ -498,7 +498,7 @@ def evaluate(
             if on_image is not None:
                 on_image(paths[i], dets)
     model.train(was_training)
-    if gather and distributed.is_initialized():
+    if gather and process_group.is_initialized():
         return _gathered_metrics(acc, stopped, device)
     return None if stopped else acc.compute()
 
@@ -507,12 +507,12 @@ def _gathered_metrics(acc: MetricAccumulator, stopped: bool, device: torch.devic
     """Sharded validation's end: agree on a stop and count the images (one all_reduce), gather every
     rank's match results in rank order (all_gather), compute the metrics on rank 0."""
     totals = torch.tensor([float(stopped), float(acc.num_images)], dtype=torch.float32, device=device)
-    stop_votes, num_images = distributed.all_reduce_sum(totals).tolist()
+    stop_votes, num_images = process_group.all_reduce_sum(totals).tolist()
     if stop_votes > 0:
         return None
     predictions, targets = pack_state(acc.state())
-    all_predictions = distributed.all_gather_rows(predictions)
-    all_targets = distributed.all_gather_rows(targets)
-    if not distributed.is_main():
+    all_predictions = process_group.all_gather_rows(predictions)
+    all_targets = process_group.all_gather_rows(targets)
+    if not process_group.is_main():
         return None
     return metrics_from_state(unpack_states(all_predictions, all_targets), int(num_images))

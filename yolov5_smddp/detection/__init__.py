@@ -1,0 +1,1 @@
+"""The detection maths: box formats, the YOLOv5 loss, postprocessing (NMS) and COCO-style metrics."""

@@ -1,0 +1,2 @@
+"""After training: export to the serving formats, the exported-model runners, predict's sources and
+outputs."""
