@@ -52,11 +52,6 @@ RECENT_PARTNERS_HELP = (
 )
 
 
-def _optional_int(text: str) -> int | None:
-    value = _optional_string(text)
-    return None if value is None else int(value)
-
-
 def _optional_cache(text: str) -> str | None:
     value = _optional_string(text)
     if value is None or value.lower() in ("false", "0"):

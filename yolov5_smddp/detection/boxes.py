@@ -14,11 +14,6 @@ def xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat((xy - half, xy + half), dim=-1)
 
 
-def xyxy_to_xywh(boxes: torch.Tensor) -> torch.Tensor:
-    """boxes (Tensor[..., 4]) in (x1, y1, x2, y2) → (xc, yc, w, h)."""
-    return torch.cat(((boxes[..., :2] + boxes[..., 2:4]) / 2, boxes[..., 2:4] - boxes[..., :2]), dim=-1)
-
-
 def clip_boxes(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Clip xyxy boxes (Tensor[N, 4]) to an image of the given size; returns a new tensor."""
     out = boxes.clone()

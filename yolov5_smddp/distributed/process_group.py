@@ -718,16 +718,6 @@ def broadcast_ints(values: Sequence[int], src: int = 0) -> tuple[int, ...]:
     return tuple(broadcast_tensor(torch.tensor([int(v) for v in values], dtype=torch.int64)).tolist())
 
 
-def any_rank(flag: bool) -> bool:
-    """True on every rank when `flag` is true on any rank (one all_reduce; plain `flag` when alone)."""
-    if not is_initialized():
-        return flag
-    import torch
-
-    value = torch.tensor([1.0 if flag else 0.0], device=_wire_device())
-    return bool(all_reduce_sum(value).item() > 0)
-
-
 def broadcast_module(module: Any, src: int = 0) -> Any:
     """Copy rank `src`'s parameters and buffers (integer ones such as BatchNorm's num_batches_tracked
     too) into `module` on every rank, in place, with ONE broadcast of one flat float32 buffer (module on

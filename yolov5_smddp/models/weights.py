@@ -25,11 +25,13 @@ from yolov5_smddp.files.bounded_read import not_regular_reason, shown
 from yolov5_smddp.models.blocks import Conv
 from yolov5_smddp.models.release_pickle import PickledModule, ReleaseModel, read_release_checkpoint
 from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
+from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.models.yolo import ACTIVATION_OVERRIDES, DetectionModel, activation_names, build_model
-from yolov5_smddp.train.checkpoint import FORMAT as TRAINING_CHECKPOINT_FORMAT
-from yolov5_smddp.train.ema import unwrap
 
 FORMAT = "yolov5-smddp/weights/v1"
+# The tag of our training checkpoints (train/checkpoint.py writes it), declared here where weight files are
+# told apart, so that models/ never imports train/.
+TRAINING_CHECKPOINT_FORMAT = "yolov5-smddp-train-checkpoint/1"
 MAX_META_VALUES = 1_000_000
 """Values in a weights file's metadata as JSON would write them (yolov5x6's: ~1,000). A list that holds
 the same list twice, nested 40 deep, is a few hundred bytes in the file and 2**40 values written out."""

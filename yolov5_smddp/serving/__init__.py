@@ -16,7 +16,7 @@ from torch import nn
 from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.inference import export
 from yolov5_smddp.inference.export import ExportOptions, export_model
-from yolov5_smddp.train.ema import unwrap
+from yolov5_smddp.models.wrappers import unwrap
 
 log = logging.getLogger(__name__)
 

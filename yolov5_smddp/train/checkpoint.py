@@ -20,8 +20,9 @@ import torch
 from yolov5_smddp.errors import WeightsError
 from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.models.torchfile import check_torch_file, torch_error_line
+from yolov5_smddp.models.weights import TRAINING_CHECKPOINT_FORMAT
 
-FORMAT = "yolov5-smddp-train-checkpoint/1"
+FORMAT = TRAINING_CHECKPOINT_FORMAT
 LAST = "last.pt"
 BEST = "best.pt"
 

@@ -33,8 +33,9 @@ from yolov5_smddp.detection.metrics import (
 from yolov5_smddp.detection.postprocess import non_max_suppression
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import ConfigError, UserError
+from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.telemetry import Throughput, emit, metric_line
-from yolov5_smddp.train.ema import ModelEMA, unwrap
+from yolov5_smddp.train.ema import ModelEMA
 
 GRAD_CLIP_NORM = 10.0
 NOMINAL_BATCH = 64

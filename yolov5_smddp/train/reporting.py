@@ -24,10 +24,10 @@ from yolov5_smddp import plots
 from yolov5_smddp.detection.metrics import DetectionMetrics, results_table
 from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.models.weights import save_weights
+from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.serving import write_handler, write_serving_files
 from yolov5_smddp.telemetry import emit, metric_line, peak_memory_gb
 from yolov5_smddp.train import checkpoint, mlflow_log
-from yolov5_smddp.train.ema import unwrap
 from yolov5_smddp.train.engine import EpochResult
 
 if TYPE_CHECKING:

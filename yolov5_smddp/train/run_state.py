@@ -17,8 +17,8 @@ from yolov5_smddp.config.output_dirs import OutputDirs
 from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
+from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.train import checkpoint
-from yolov5_smddp.train.ema import unwrap
 from yolov5_smddp.train.engine import AmpPolicy, step_settings
 from yolov5_smddp.train.optim_recipe import TrainingStack
 

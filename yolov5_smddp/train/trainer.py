@@ -32,12 +32,12 @@ from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
 from yolov5_smddp.models.initial import initial_model
+from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.telemetry import emit, metric_line
 from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, reporting
 from yolov5_smddp.train.budget import TimeBudget, counting_clock
 from yolov5_smddp.train.data_wiring import DataBundle
 from yolov5_smddp.train.decisions import Decisions, decide
-from yolov5_smddp.train.ema import unwrap
 from yolov5_smddp.train.engine import (
     EpochResult,
     TrainStep,
