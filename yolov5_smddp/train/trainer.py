@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,8 @@ from yolov5_smddp.config.train_config import TrainConfig, check_freeze
 from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
+from yolov5_smddp.files import claimed_dir
+from yolov5_smddp.files.atomic import atomic_copy
 from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.telemetry import emit, metric_line
@@ -172,7 +173,7 @@ def end_epoch(
     reporting.emit_epoch_line(row, result, epochs=run.epochs, device=run.device)
     last = run.save(state, best=improved)
     if run.config.save_period > 0 and state.epoch % run.config.save_period == 0:
-        shutil.copyfile(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
+        atomic_copy(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
     reporting.write_epoch_outputs(
         run.dirs.output_dir,
         state.history,
@@ -391,7 +392,10 @@ def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -
     """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
     SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
     job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
-    with StopOnSigterm() as stop:
+    # rank 0 owns the checkpoint and model folders: one run at a time, temporaries staged outside them
+    # (SageMaker uploads what appears there), a killed run's temporaries removed (claimed_dir.py)
+    owned = [(dirs.checkpoint_dir, "checkpoint folder"), (dirs.model_dir, "model folder")]
+    with StopOnSigterm() as stop, claimed_dir.claim_folders(owned if info.rank == 0 else []):
         return _train(config, info, dirs, stop)
 
 
