@@ -37,7 +37,9 @@ def fit_batch(sizes: Sequence[int], peaks: Sequence[float], budget: float) -> in
         slope, intercept = peaks[0], 0.0
     else:
         slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(peaks, float), 1)
-    if slope <= 0:  # memory that does not grow with the batch: the probes' largest is the best known
+    if (
+        slope < 1.0
+    ):  # (under a byte an image) memory that does not grow with the batch: the probes' largest is the best known
         return int(max(sizes))
     return int(min(max((budget - intercept) // slope, 0), MAX_BATCH))
 

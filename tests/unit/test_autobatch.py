@@ -1,0 +1,56 @@
+"""--batch-size -1 (AutoBatch): the line fit that sizes the batch, all ranks taking the smallest (a real
+2-process Gloo group), and the one-line refusal on a CPU."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import agree_rank
+import pytest
+import torch
+
+from yolov5_smddp.config.train_config import parse_train_args
+from yolov5_smddp.distributed.process_group import DistInfo
+from yolov5_smddp.errors import ConfigError
+from yolov5_smddp.train import autobatch
+from yolov5_smddp.train.decisions import decide
+
+ONE_RANK = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "none")
+GIB = 1024**3
+
+
+def test_the_batch_is_where_the_fitted_line_meets_the_budget():
+    # 1 GiB fixed + 0.5 GiB per image: a 10 GiB budget holds 18 images
+    sizes = [1, 2, 4, 8]
+    peaks = [GIB + 0.5 * GIB * b for b in sizes]
+    assert autobatch.fit_batch(sizes, peaks, 10.1 * GIB) == 18
+    assert autobatch.fit_batch(sizes, peaks, 1.2 * GIB) == 0  # not even one image fits
+    assert autobatch.fit_batch(sizes, peaks, 10_000 * GIB) == autobatch.MAX_BATCH
+    assert autobatch.fit_batch([1, 2], [GIB, GIB], 10 * GIB) == 2  # flat: the largest probed
+
+
+def test_on_a_cpu_it_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError) as refused:
+        decide(parse_train_args(["--batch-size", "-1", "--cfg", "yolov5n"]), ONE_RANK)
+    assert str(refused.value) == autobatch.CPU_REFUSAL
+    with pytest.raises(ConfigError, match="leave --batch-per-gpu out"):
+        decide(parse_train_args(["--batch-size", "-1", "--batch-per-gpu", "4"]), ONE_RANK)
+    with pytest.raises(ConfigError, match="--batch-size"):
+        parse_train_args(["--batch-size", "-2"])
+
+
+def test_all_ranks_take_the_smallest_batch(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=agree_rank.agree, args=(r, str(tmp_path), (37, 23), queue)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict(queue.get(timeout=180) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+    assert results == {0: 23, 1: 23}
