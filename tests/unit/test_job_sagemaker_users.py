@@ -133,3 +133,11 @@ def test_one_list_of_smddp_instance_types():
     pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.p3dn.24xlarge"))
     with pytest.raises(ConfigError, match="does not support instance type 'ml.g5.48xlarge'"):
         pytorch_estimator_kwargs(JobSpec(image_uri=IMAGE, role=ROLE, instance_type="ml.g5.48xlarge"))
+
+
+def test_the_image_installs_a_pinned_tensorboard_so_tensorboard_dir_writes_events():
+    import re
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert re.search(r'RUN python3 -c "import tensorboard".*\n.*"tensorboard==\d+\.\d+\.\d+"', dockerfile)
