@@ -111,6 +111,19 @@ def _make(folder: Path) -> None:
         raise (output_error(exc, folder, creating=True) or exc) from exc
 
 
+def _make_staging(folder: Path, staging: Path, what: str) -> Path | None:
+    """`staging` made; inside `folder` when the sibling cannot be made (its parent is not writable); None,
+    with one line, when neither can (temporary files then go beside their files)."""
+    for candidate in dict.fromkeys((staging, folder / SUBFOLDER)):
+        try:
+            candidate.mkdir(exist_ok=True)
+            return candidate
+        except OSError as exc:
+            error = exc
+    log.info("%s %s: no staging folder (%s); temporary files go beside their files", what, folder, error)
+    return None
+
+
 def _lock(staging: Path, folder: Path, what: str) -> int | None:
     """An exclusive flock on staging/.lock, its fd; None where the file system has no locks."""
     path = staging / LOCK
@@ -136,8 +149,11 @@ def _lock(staging: Path, folder: Path, what: str) -> int | None:
             "%s %s: no file lock on this file system (%s); one run at a time is up to you", what, folder, exc
         )
         return None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:  # the owner's pid, for the message a second run gets; a full disk only loses the pid
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
     return fd
 
 
@@ -152,15 +168,10 @@ def claim(
     folder = Path(folder)
     _make(folder)
     folder = folder.resolve()
-    staging = staging_dir_for(folder, mountinfo)
-    try:
-        staging.mkdir(exist_ok=True)
-    except OSError as exc:  # the parent is not writable: stage inside after all
-        if staging.parent == folder:
-            raise (output_error(exc, staging, creating=True) or exc) from exc
-        log.info("%s %s: cannot stage beside it (%s); staging inside it", what, folder, exc.strerror or exc)
-        staging = folder / SUBFOLDER
-        _make(staging)
+    staging = _make_staging(folder, staging_dir_for(folder, mountinfo), what)
+    if staging is None:  # a full or read-only folder: its writes fail later, each named (atomic_write)
+        yield folder
+        return
     if staging.parent == folder:
         log.info(
             "%s %s is a mount point of its own: its temporary files are staged in %s inside it (renames do "
@@ -169,7 +180,11 @@ def claim(
             folder,
             staging,
         )
-    fd = _lock(staging, folder, what)
+    try:
+        fd = _lock(staging, folder, what)
+    except BaseException:
+        _remove_empty(staging)
+        raise
     try:
         removed = sweep(folder, staging)
         if removed:
@@ -188,10 +203,14 @@ def claim(
         if fd is not None:
             (staging / LOCK).unlink(missing_ok=True)
             os.close(fd)
-        try:
-            staging.rmdir()
-        except OSError:
-            pass
+        _remove_empty(staging)
+
+
+def _remove_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 @contextmanager
