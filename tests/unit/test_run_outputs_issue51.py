@@ -43,6 +43,8 @@ def test_checkpoint_folder_stays_clean_and_a_full_model_folder_fails_the_run(
     ckpt.mkdir(parents=True)
     stale = ckpt / ".last.pt.0123456789ab.tmp"
     stale.write_bytes(b"half a checkpoint from a killed job")
+    (out / "output").mkdir()
+    (out / "output" / ".results.csv.abcdef012345.tmp").write_text("epoch,")
     seen: list[list[str]] = []
     renamed: list[str] = []
     real_replace, real_create = os.replace, atomic._create_temporary
@@ -74,7 +76,8 @@ def test_checkpoint_folder_stays_clean_and_a_full_model_folder_fails_the_run(
     assert {"last.pt", "epoch1.pt"} <= set(seen[-1]) and "epoch1.pt" in renamed  # a copy renamed in whole
     assert checkpoint.load_checkpoint(ckpt / "epoch1.pt")["epoch"] == 1
     assert sorted(p.name for p in out.iterdir()) == ["cache", "ckpt", "model", "output"]  # staging gone
-    assert not [p.name for p in model.iterdir() if p.name.startswith(".")]
+    for folder in (model, out / "output"):  # the model and output folders are claimed as well
+        assert not [p.name for p in folder.rglob("*") if claimed_dir.TEMPORARY.match(p.name)]
 
 
 def test_an_injected_cuda_out_of_memory_is_one_line_and_the_failure_reason(

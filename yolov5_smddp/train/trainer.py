@@ -394,9 +394,13 @@ def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -
     """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
     SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
     job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
-    # rank 0 owns the checkpoint and model folders: one run at a time, temporaries staged outside them
-    # (SageMaker uploads what appears there), a killed run's temporaries removed (claimed_dir.py)
-    owned = [(dirs.checkpoint_dir, "checkpoint folder"), (dirs.model_dir, "model folder")]
+    # rank 0 owns the checkpoint, model and output folders: one run at a time, temporaries staged outside
+    # them (SageMaker uploads what appears there), a killed run's temporaries removed (claimed_dir.py)
+    owned = [
+        (dirs.checkpoint_dir, "checkpoint folder"),
+        (dirs.model_dir, "model folder"),
+        (dirs.output_dir, "output folder"),
+    ]
     facts = out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz)
     with (
         StopOnSigterm() as stop,
