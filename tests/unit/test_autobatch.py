@@ -54,3 +54,22 @@ def test_all_ranks_take_the_smallest_batch(tmp_path):
             if proc.is_alive():
                 proc.kill()
     assert results == {0: 23, 1: 23}
+
+
+def test_probing_stops_at_the_first_size_that_runs_out_of_memory(monkeypatch):
+    peak = {"bytes": 0.0}
+
+    def step(batch: int) -> None:  # 1 GiB fixed + 1 GiB per image; batch 8 runs out of memory
+        if batch >= 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        peak["bytes"] = GIB + GIB * batch
+
+    for name in ("empty_cache", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: peak.update(bytes=0.0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: peak["bytes"])
+    sizes, peaks = autobatch.probe_peaks(step, "cuda:0")
+    assert sizes == [1, 2, 4] and peaks == [2 * GIB, 3 * GIB, 5 * GIB]
+    assert autobatch.fit_batch(sizes, peaks, 6.5 * GIB) == 5
+    with pytest.raises(ValueError, match="not memory"):  # anything else is not a probe's end
+        autobatch.probe_peaks(lambda b: (_ for _ in ()).throw(ValueError("not memory")), "cuda:0")

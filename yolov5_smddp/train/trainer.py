@@ -42,6 +42,7 @@ from yolov5_smddp.train.data_wiring import DataBundle
 from yolov5_smddp.train.decisions import Decisions, decide
 from yolov5_smddp.train.ema import unwrap
 from yolov5_smddp.train.engine import (
+    AmpPolicy,
     EpochResult,
     TrainStep,
     accumulation,
@@ -434,7 +435,8 @@ def _train(
     seed_everything(config.seed + info.rank)
     facts.device = device
     if config.batch_size == AUTO_BATCH:  # --batch-size -1: every rank probes its GPU, all take the smallest
-        decided = dataclasses.replace(decided, plan=auto_batch_plan(config, info, bundle, device, saved))
+        plan = auto_batch_plan(config, info, bundle, device, saved, decided.amp)
+        decided = dataclasses.replace(decided, plan=plan)
     facts.per_rank, facts.global_batch = decided.plan.per_rank, decided.plan.global_batch
     if info.rank == 0:
         log.info(
@@ -476,6 +478,7 @@ def auto_batch_plan(
     bundle: DataBundle,
     device: torch.device,
     saved: dict[str, Any] | None,
+    amp: AmpPolicy,
 ) -> BatchPlan:
     """--batch-size -1: the per-GPU batch the smallest GPU of the job fits (autobatch.py), probed with the
     run's architecture (a fresh copy: the run's own model is built after)."""
@@ -487,8 +490,9 @@ def auto_batch_plan(
         allow_partial=config.allow_partial_transfer,
         resume_cfg=saved.get("model_cfg") if saved is not None else None,
     ).model
-    mine = size_batch(probe, config.imgsz, device, rank=info.rank)
+    mine = size_batch(probe, config.imgsz, device, amp_dtype=amp.dtype, rank=info.rank)
     del probe
+    torch.cuda.empty_cache()
     agreed = agree_smallest(mine)
     if agreed < 1:
         raise out_of_memory.OutOfMemory(
