@@ -1,11 +1,9 @@
-"""--batch-size -1 (AutoBatch): the line fit that sizes the batch, all ranks taking the smallest (a real
-2-process Gloo group), and the one-line refusal on a CPU."""
+"""--batch-size -1 (AutoBatch): the line fit that sizes the batch, the probes up to the first out of memory,
+and the one-line refusal on a CPU. All ranks taking the smallest: tests/unit/test_collectives.py (two real
+ranks under the strict SMDDP stand-in, whose all_reduce has no MIN)."""
 
 from __future__ import annotations
 
-import multiprocessing
-
-import agree_rank
 import pytest
 import torch
 
@@ -38,22 +36,6 @@ def test_on_a_cpu_it_is_refused_in_one_line(monkeypatch):
         decide(parse_train_args(["--batch-size", "-1", "--batch-per-gpu", "4"]), ONE_RANK)
     with pytest.raises(ConfigError, match="--batch-size"):
         parse_train_args(["--batch-size", "-2"])
-
-
-def test_all_ranks_take_the_smallest_batch(tmp_path):
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=agree_rank.agree, args=(r, str(tmp_path), (37, 23), queue)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        results = dict(queue.get(timeout=180) for _ in procs)
-    finally:
-        for proc in procs:
-            proc.join(timeout=60)
-            if proc.is_alive():
-                proc.kill()
-    assert results == {0: 23, 1: 23}
 
 
 def test_probing_stops_at_the_first_size_that_runs_out_of_memory(monkeypatch):
