@@ -26,6 +26,12 @@ print('base image: torch', torch.__version__, 'torchvision', torchvision.__versi
 RUN python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
         --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"
 
+# --tensorboard-dir (a JobSpec's tensorboard_s3_uri points it at /opt/ml/output/tensorboard, which SageMaker
+# uploads): torch's SummaryWriter needs the tensorboard package, which the DLC lacks. Pinned: a version whose
+# protobuf range the DLC's protobuf satisfies.
+RUN python3 -c "import tensorboard" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
+        --disable-pip-version-check --root-user-action=ignore "tensorboard==2.18.0"
+
 # matplotlib's font cache (the plots), built once here instead of at the start of every job, where it costs
 # seconds and logs "generated new fontManager". MPLCONFIGDIR holds it whatever HOME a job runs with.
 ENV MPLCONFIGDIR=/opt/yolov5-smddp/matplotlib

@@ -5,7 +5,9 @@
   single-host /opt/ml/input/config (resourceconfig, hyperparameters from the arguments, inputdataconfig for
   the folders mounted under /opt/ml/input/data), so that the real toolkit's `train` runs the job instead of
   exiting 0 having done nothing.
-- `train` with a config present (SageMaker, local mode, a mounted tree): nothing is written or changed.
+- `train` with a config present (SageMaker, local mode, a mounted tree): nothing is written or changed;
+  arguments beside it (a job's ContainerArguments) are refused with a failure reason and exit 2, since
+  the job's options are its hyperparameters and training with something else than asked loses the job.
 - Either way the base image's entrypoint then runs the command exactly as it would without this layer.
 - With `-e YOLOV5_SMDDP_OWNER=UID:GID` (`./build.sh run` passes the caller's), what the job wrote under
   /opt/ml/{model,output,checkpoints} is handed back to that host user when it ends (sagemaker/handback.py);
@@ -56,13 +58,35 @@ def prepare_train(args: list[str]) -> list[str]:
             f"[yolov5-smddp] no SageMaker config mounted: wrote a single-host config in {written}", flush=True
         )
     elif len(args) > 1:
-        print(
-            f"[yolov5-smddp] a SageMaker config is present: ignoring the arguments {args[1:]} "
-            "(hyperparameters come from hyperparameters.json)",
-            file=sys.stderr,
-            flush=True,
-        )
+        refuse_container_arguments(args[1:])
     return ["train"]
+
+
+def refuse_container_arguments(extra: list[str]) -> None:
+    """A job with a SageMaker config that also got container arguments (the API's ContainerArguments, or
+    options after `train`): they are not the job's hyperparameters, and training with something else than
+    asked is worse than not training. One line on stderr, the failure file, exit 2."""
+    from yolov5_smddp.sagemaker.env import default_failure_file
+    from yolov5_smddp.sagemaker.failure import EXIT_USER_ERROR, write_failure
+
+    reason = (
+        f"Invalid hyperparameter or option: the container got the arguments {extra} (ContainerArguments) "
+        "beside a SageMaker config; this image takes a job's options only as hyperparameters "
+        "(hyperparameters.json), so it refuses to train with something else than asked: pass them as "
+        'hyperparameters (e.g. {"epochs": 3}) and leave ContainerArguments unset'
+    )
+    print(f"error: {reason}", file=sys.stderr, flush=True)
+    try:
+        write_failure(default_failure_file(os.environ), reason)
+    except OSError as exc:
+        print(f"[yolov5-smddp] failure file not written: {exc}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def sagemaker_config_present() -> bool:
+    from yolov5_smddp.sagemaker.env import base_dir
+
+    return (base_dir(os.environ) / "input" / "config" / "resourceconfig.json").exists()
 
 
 RELAYS = frozenset(
@@ -159,6 +183,8 @@ def main() -> int:
     owner = requested_owner()
     if args[:1] == ["train"]:
         args = prepare_train(args)
+    elif args[:1] and args[0].startswith("-") and sagemaker_config_present():
+        refuse_container_arguments(args)  # ContainerArguments replace `train` itself: options, no command
     code = supervise(base_command(args))
     if owner is not None:
         hand_back_outputs(owner)

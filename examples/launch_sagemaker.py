@@ -25,6 +25,7 @@ from yolov5_smddp.client.job import (
     DISTRIBUTIONS,
     JobSpec,
     data_channels,
+    file_system_inputs,
     model_trainer_kwargs,
     pytorch_estimator_kwargs,
 )
@@ -45,7 +46,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--train", help="S3 prefix of the training channel (with data.yaml); omit for the embedded dataset"
     )
     p.add_argument("--val", help="S3 prefix of a separate validation channel")
+    # Pipe is listed so that the builder says why it cannot work (a FIFO per channel, not a folder)
     p.add_argument("--input-mode", default="FastFile", choices=("File", "FastFile", "Pipe"))
+    p.add_argument(
+        "--keep-alive", type=int, help="warm pool: seconds (<= 3600) the instances wait for the next job"
+    )
+    p.add_argument("--tensorboard", help="S3 prefix the TensorBoard events are uploaded to")
+    p.add_argument("--subnet", action="append", default=[], help="VPC subnet (with --security-group)")
+    p.add_argument("--security-group", action="append", default=[], help="VPC security group id")
     p.add_argument("--checkpoints", help="S3 prefix synced with /opt/ml/checkpoints (needed for --spot)")
     p.add_argument("--output", help="S3 prefix for model.tar.gz / output.tar.gz")
     p.add_argument("--spot", action="store_true", help="managed spot training")
@@ -77,6 +85,10 @@ def spec_from_args(args: argparse.Namespace, source_dir: str | None = None) -> J
         output_path=args.output,
         use_spot_instances=args.spot,
         max_run_s=args.max_run,
+        keep_alive_s=args.keep_alive,
+        tensorboard_s3_uri=args.tensorboard,
+        subnets=tuple(args.subnet),
+        security_group_ids=tuple(args.security_group),
         source_dir=source_dir,
         entry_point="entrypoint.py" if source_dir else str(REPO / "entrypoint.py"),
     )
@@ -88,11 +100,15 @@ def launch_v2(spec: JobSpec, wait: bool, dry_run: bool) -> None:
     if dry_run:
         print(json.dumps({"PyTorch": kwargs, "fit": channels}, indent=2))
         return
-    from sagemaker.inputs import TrainingInput
+    from sagemaker.debugger import TensorBoardOutputConfig
+    from sagemaker.inputs import FileSystemInput, TrainingInput
     from sagemaker.pytorch import PyTorch
 
+    if "tensorboard_output_config" in kwargs:
+        kwargs["tensorboard_output_config"] = TensorBoardOutputConfig(**kwargs["tensorboard_output_config"])
     estimator = PyTorch(**kwargs)
     inputs = {name: TrainingInput(uri, input_mode=spec.input_mode) for name, uri in channels.items()}
+    inputs |= {name: FileSystemInput(**v) for name, v in file_system_inputs(spec).items()}
     estimator.fit(inputs or None, wait=wait)
     print("started", estimator.latest_training_job.name)
 
@@ -106,10 +122,13 @@ def launch_v3(spec: JobSpec, wait: bool, dry_run: bool) -> None:
     from sagemaker.train.configs import (
         CheckpointConfig,
         Compute,
+        FileSystemDataSource,
         InputData,
+        Networking,
         OutputDataConfig,
         SourceCode,
         StoppingCondition,
+        TensorBoardOutputConfig,
     )
     from sagemaker.train.distributed import Torchrun
     from sagemaker.train.model_trainer import ModelTrainer
@@ -121,10 +140,19 @@ def launch_v3(spec: JobSpec, wait: bool, dry_run: bool) -> None:
         "source_code": SourceCode,
         "distributed": Torchrun,
         "output_data_config": OutputDataConfig,
+        "networking": Networking,
     }
+    tensorboard = kwargs.pop("tensorboard_output_config", None)
     trainer = ModelTrainer(**{k: classes[k](**v) if k in classes else v for k, v in kwargs.items()})
+    if tensorboard is not None:
+        trainer = trainer.with_tensorboard_output_config(TensorBoardOutputConfig(**tensorboard))
+    data = [InputData(channel_name=k, data_source=v) for k, v in channels.items()]
+    data += [
+        InputData(channel_name=k, data_source=FileSystemDataSource(**v))
+        for k, v in file_system_inputs(spec).items()
+    ]
     trainer.train(
-        input_data_config=[InputData(channel_name=k, data_source=v) for k, v in channels.items()] or None,
+        input_data_config=data or None,
         wait=wait,
     )
 

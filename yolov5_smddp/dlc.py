@@ -17,3 +17,12 @@ SMDDP_DLCS = (
 def dlc_image_uri(region: str, tag: str = DLC_TAG) -> str:
     """The AWS PyTorch training DLC for `region` (the default base of our image)."""
     return f"{DLC_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/pytorch-training:{tag}"
+
+
+SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
+"""The one list of instance types SMDDP runs on (AWS: p4d and p4de with its optimisations, p3dn without
+them): the job builders (job.py) refuse SMDDP elsewhere; `--backend auto` (distributed.py) picks it only on
+SMDDP_OPTIMISED_INSTANCE_TYPES."""
+SMDDP_OPTIMISED_INSTANCE_TYPES = SMDDP_INSTANCE_TYPES[:2]
+"""The types SMDDP's optimisations are for: on ml.p3dn.24xlarge it gains nothing over NCCL (and its V100s
+have no bf16)."""

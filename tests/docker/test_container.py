@@ -44,6 +44,7 @@ def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_p
         folder.mkdir()
     model = folders["model"]
     args = [w for k, v in TINY_HPS.items() for w in (f"--{k}", v)]
+    args += ["--tensorboard-dir", "/opt/ml/output/tensorboard"]  # the image carries the tensorboard package
     mounts = [bind(folder, f"/opt/ml/{name}") for name, folder in folders.items()]
     run = engine.run(image, ["train", *args], mounts=mounts, environment={"YOLOV5_SMDDP_OWNER": "4321:4322"})
     log = run.log
@@ -56,6 +57,8 @@ def test_plain_docker_run_train_trains_on_the_embedded_dataset(image: str, tmp_p
     # a clean log: no tracer warning from the export, no font cache built at run time (the image has it)
     assert "TracerWarning" not in log and "fontManager" not in log and "font cache" not in log
     assert "output files and folders handed back to 4321:4322" in log
+    assert list((folders["output"] / "tensorboard").glob("events.out.tfevents.*")), log[-4000:]
+    assert "tensorboard package is not installed" not in log
     written = [p for folder in folders.values() for p in folder.rglob("*")]
     assert len(written) > 10 and (folders["output"] / "data" / "results.csv") in written
     for path in [*folders.values(), *written]:

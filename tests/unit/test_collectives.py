@@ -15,6 +15,7 @@ from yolov5_smddp.commands.val import detection_json
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.distributed.process_group import decode_exact, encode_exact
 from yolov5_smddp.models.autoanchor import AnchorCheck
+from yolov5_smddp.train import autobatch
 
 REPO = Path(__file__).resolve().parent.parent.parent
 STANDIN = REPO / "tests" / "standin_smddp"
@@ -147,7 +148,8 @@ def _worker(rank: int, folder: str, queue) -> None:
         process_group.broadcast_module(module)
         dist.broadcast = original
         state = {k: v.tolist() for k, v in module.state_dict().items()}
-        queue.put((rank, rows, empty, ints, state, [str(d) for d in broadcasts], _refusals()))
+        agreed = autobatch.agree_smallest((37, 23)[rank])  # --batch-size -1: SMDDP has no MIN all_reduce
+        queue.put((rank, rows, empty, ints, state, [str(d) for d in broadcasts], _refusals(), agreed))
         process_group.barrier()
     except Exception as exc:  # reported to the test at once, rather than by its timeout
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
@@ -174,7 +176,8 @@ def test_two_ranks_under_the_strict_standin(tmp_path):
     reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     reference[1].running_mean.uniform_()
     for rank in (0, 1):
-        rows, empty, ints, state, broadcasts, refusals = results[rank]
+        rows, empty, ints, state, broadcasts, refusals, agreed = results[rank]
+        assert agreed == 23  # AutoBatch: every rank takes the smallest batch
         # uneven row counts, int64 edges exactly (rank 1's values +1 wrap at the top: int64 arithmetic)
         assert rows == [[INT64_EDGES] * 3, [(torch.tensor(INT64_EDGES) + 1).tolist()]]
         assert empty == [(0, 5), (2, 5)]

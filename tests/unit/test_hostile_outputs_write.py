@@ -62,8 +62,8 @@ def full_disk(tmp_path, monkeypatch) -> Iterator[Path]:
         return
     real_create = atomic._create_temporary
 
-    def on_dev_full(path: Path) -> tuple[int, Path]:
-        fd, tmp = real_create(path)
+    def on_dev_full(path: Path, *staging) -> tuple[int, Path]:
+        fd, tmp = real_create(path, *staging)
         if folder in path.parents or path == folder:
             dev_full = os.open("/dev/full", os.O_WRONLY)
             os.dup2(dev_full, fd)

@@ -11,8 +11,13 @@ Distributions (the `distribution` argument):
 - "none":     one process per host; our entrypoint starts one worker per GPU itself (torch elastic, NCCL).
 
 Job-spec checks users hit run before any SDK object exists (`ConfigError` naming the value): checkpoint URIs
-that are not a folder prefix, checkpoints written into the model folder or outside the synced folder, and
-SMDDP (distribution or `backend` hyperparameter) on instance types without it.
+that are not a folder prefix, checkpoints written into the model folder or outside the synced folder,
+SMDDP (distribution or `backend` hyperparameter) on instance types without it (dlc.SMDDP_INSTANCE_TYPES), Pipe
+input mode (a FIFO per channel, which a folder of images cannot be read from), a warm pool past the API's
+limit, half a VPC, file-system channels without one.
+
+As AWS's own YOLOv5 samples do, the SageMaker Debugger hook and Profiler are off unless the spec asks for them
+(`debugger=True`, `profiler=True`): they add a rule job and hooks the trainer does not use.
 
 `tuner_kwargs(tuning)` builds SageMaker Automatic Model Tuning (SDK v2 `HyperparameterTuner`) around the same
 estimator: our answer to the release's `--evolve`, which does not work under DDP.
@@ -34,12 +39,40 @@ from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.telemetry import METRIC_DEFINITIONS
 
 DISTRIBUTIONS = ("smddp", "torchrun", "none")
-SMDDP_INSTANCE_TYPES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p3dn.24xlarge")
+SMDDP_INSTANCE_TYPES = dlc.SMDDP_INSTANCE_TYPES
 DEFAULT_REGION = "us-west-2"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 MODEL_DIR = "/opt/ml/model"
 CHECKPOINT_URI_SCHEMES = ("s3://", "https://")
-INPUT_MODES = ("File", "FastFile", "Pipe")
+INPUT_MODES = ("File", "FastFile")
+"""Pipe is refused: it streams each channel as a FIFO (`training_0`), not a folder of images and labels."""
+PIPE_REFUSAL = (
+    "input_mode 'Pipe' streams each channel through a FIFO (/opt/ml/input/data/<channel>_0) that is read once, "
+    "in order; a YOLO dataset is a folder of images and labels read in a new random order every epoch, so it "
+    "cannot train from one: use 'FastFile' (the files are streamed from S3 on first read; the first epoch "
+    "waits on S3, the later ones read the local cache) or 'File' (the channel is copied before training starts)"
+)
+MAX_KEEP_ALIVE_S = 3600
+"""The API's limit on ResourceConfig.KeepAlivePeriodInSeconds (a warm pool's idle time)."""
+TENSORBOARD_LOCAL_PATH = "/opt/ml/output/tensorboard"
+"""Where the trainer writes TensorBoard events (--tensorboard-dir) when the spec names an S3 prefix for them;
+SageMaker uploads that folder as the events appear."""
+FILE_SYSTEM_TYPES = ("FSxLustre", "EFS")
+FILE_SYSTEM_ACCESS_MODES = ("ro", "rw")
+
+
+@dataclass(frozen=True)
+class FileSystemChannel:
+    """A channel mounted from Amazon FSx for Lustre or EFS (SDK v2 `FileSystemInput(**kwargs)`, v3
+    `FileSystemDataSource(**kwargs)`): COCO-scale data without a copy from S3. Needs the job in the file
+    system's VPC (JobSpec.subnets and security_group_ids)."""
+
+    file_system_id: str
+    file_system_type: str
+    """One of FILE_SYSTEM_TYPES."""
+    directory_path: str
+    """For FSx for Lustre: /<mount name>/<path>; for EFS: /<path>."""
+    file_system_access_mode: str = "ro"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +112,22 @@ class JobSpec:
     source_dir: str | None = None
     """A local folder holding `entry_point` (a copy of the repo's entrypoint.py); SDK v3 with Torchrun
     uploads it and runs it under torchrun. None: SDK v2 uploads `entry_point` alone."""
+    keep_alive_s: int | None = None
+    """A warm pool: seconds (1..3600) the instances stay up after the job for the next job of the same
+    configuration, which starts in seconds and finds /opt/ml/sagemaker/warmpoolcache, where our label caches
+    live (SDK `keep_alive_period_in_seconds`). None: no warm pool."""
+    tensorboard_s3_uri: str | None = None
+    """S3 prefix the job's TensorBoard events are uploaded to as they are written (SDK
+    `tensorboard_output_config`); the trainer gets `--tensorboard-dir` TENSORBOARD_LOCAL_PATH."""
+    subnets: tuple[str, ...] = ()
+    """VPC subnets the job runs in (with security_group_ids): needed for FSx/EFS channels."""
+    security_group_ids: tuple[str, ...] = ()
+    file_system_channels: Mapping[str, FileSystemChannel] = field(default_factory=dict)
+    """Channel name -> FSx for Lustre / EFS location (instead of an S3 prefix), e.g. {"training": ...}."""
+    debugger: bool = False
+    """The SageMaker Debugger hook (SDK v2 default: on). Off unless asked, as in AWS's YOLOv5 samples."""
+    profiler: bool = False
+    """The SageMaker Profiler (SDK v2 default: on). Off unless asked."""
 
 
 def dlc_image_uri(region: str = DEFAULT_REGION, tag: str = dlc.DLC_TAG) -> str:
@@ -128,22 +177,83 @@ def _check_name(key: str) -> None:
 
 
 def data_channels(spec: JobSpec) -> dict[str, str]:
-    """Channel name -> S3 URI (`training`, and `validation` when given); empty for the embedded dataset."""
+    """Channel name -> S3 URI (`training`, and `validation` when given); empty for the embedded dataset.
+    File-system channels: `file_system_inputs`."""
     channels: dict[str, str] = {}
     if spec.train_s3_uri:
         channels["training"] = spec.train_s3_uri
     if spec.val_s3_uri:
-        if not spec.train_s3_uri:
+        if not spec.train_s3_uri and "training" not in spec.file_system_channels:
             raise ConfigError("val_s3_uri is set without train_s3_uri: give the training channel too")
         channels["validation"] = spec.val_s3_uri
     return channels
 
 
+def file_system_inputs(spec: JobSpec) -> dict[str, dict[str, str]]:
+    """Channel name -> keyword arguments of SDK v2 `sagemaker.inputs.FileSystemInput(**v)` (the same as SDK
+    v3 `FileSystemDataSource(**v)`), for `.fit()` / `.train()` beside `data_channels`."""
+    _check_file_systems(spec)
+    return {
+        name: {
+            "file_system_id": fs.file_system_id,
+            "file_system_type": fs.file_system_type,
+            "directory_path": fs.directory_path,
+            "file_system_access_mode": fs.file_system_access_mode,
+        }
+        for name, fs in spec.file_system_channels.items()
+    }
+
+
+def _check_file_systems(spec: JobSpec) -> None:
+    s3_channels = {"training"} if spec.train_s3_uri else set()
+    s3_channels |= {"validation"} if spec.val_s3_uri else set()
+    for name, fs in spec.file_system_channels.items():
+        _check_name(name)
+        if name in s3_channels:
+            raise ConfigError(
+                f"channel {name!r} is given both as an S3 prefix and as a file system: give one"
+            )
+        if fs.file_system_type not in FILE_SYSTEM_TYPES:
+            raise ConfigError(
+                f"channel {name!r}: file_system_type {fs.file_system_type!r} is not one of "
+                f"{', '.join(FILE_SYSTEM_TYPES)}"
+            )
+        if fs.file_system_access_mode not in FILE_SYSTEM_ACCESS_MODES:
+            raise ConfigError(
+                f"channel {name!r}: file_system_access_mode {fs.file_system_access_mode!r} is not 'ro' or 'rw'"
+            )
+        if not fs.directory_path.startswith("/"):
+            raise ConfigError(
+                f"channel {name!r}: directory_path {fs.directory_path!r} must be absolute (FSx for Lustre: "
+                "/<mount name>/<path>, EFS: /<path>)"
+            )
+    if spec.file_system_channels and not (spec.subnets and spec.security_group_ids):
+        raise ConfigError(
+            f"file-system channels ({', '.join(spec.file_system_channels)}) need the job in the file system's "
+            "VPC: set subnets and security_group_ids"
+        )
+
+
 def _check(spec: JobSpec) -> None:
     if spec.instance_count < 1:
         raise ConfigError(f"instance_count must be >= 1, got {spec.instance_count}")
+    if spec.input_mode == "Pipe":
+        raise ConfigError(PIPE_REFUSAL)
     if spec.input_mode not in INPUT_MODES:
         raise ConfigError(f"input_mode {spec.input_mode!r} is not one of {', '.join(INPUT_MODES)}")
+    if spec.keep_alive_s is not None and not 1 <= spec.keep_alive_s <= MAX_KEEP_ALIVE_S:
+        raise ConfigError(
+            f"keep_alive_s {spec.keep_alive_s}: a warm pool is kept 1..{MAX_KEEP_ALIVE_S} s after the job; "
+            "None for no warm pool"
+        )
+    if spec.keep_alive_s is not None and spec.use_spot_instances:
+        raise ConfigError(
+            "keep_alive_s with use_spot_instances: SageMaker keeps no warm pool of spot instances"
+        )
+    if bool(spec.subnets) != bool(spec.security_group_ids):
+        raise ConfigError("subnets and security_group_ids go together: a job in a VPC needs both")
+    _check_file_systems(spec)
+    _check_tensorboard(spec)
     if spec.max_wait_s is not None and not spec.use_spot_instances:
         raise ConfigError("max_wait_s is only valid with use_spot_instances=True")
     if spec.use_spot_instances and _max_wait(spec) < spec.max_run_s:
@@ -216,6 +326,28 @@ def _check_checkpoint_dir(spec: JobSpec) -> None:
         )
 
 
+def _check_tensorboard(spec: JobSpec) -> None:
+    if not spec.tensorboard_s3_uri:
+        return
+    if not spec.tensorboard_s3_uri.startswith("s3://"):
+        raise ConfigError(f"tensorboard_s3_uri {spec.tensorboard_s3_uri!r} must start with s3://")
+    given = _hyperparameter(spec, "tensorboard-dir")
+    if given is not None and posixpath.normpath(str(given)) != TENSORBOARD_LOCAL_PATH:
+        raise ConfigError(
+            f"hyperparameter tensorboard-dir={given!r}: with tensorboard_s3_uri the events must go to "
+            f"{TENSORBOARD_LOCAL_PATH}, the folder SageMaker uploads; leave tensorboard-dir unset"
+        )
+
+
+def _hyperparameters(spec: JobSpec) -> dict[str, str]:
+    """The job's hyperparameter strings, with --tensorboard-dir pointed at the uploaded folder when the spec
+    names a TensorBoard prefix."""
+    out = hyperparameter_strings(spec.hyperparameters)
+    if spec.tensorboard_s3_uri and _hyperparameter(spec, "tensorboard-dir") is None:
+        out["tensorboard-dir"] = TENSORBOARD_LOCAL_PATH
+    return out
+
+
 def _check_backend(spec: JobSpec) -> None:
     backend = _hyperparameter(spec, "backend")
     if backend is None or str(backend).strip().strip('"').lower() != "smddp":
@@ -259,7 +391,9 @@ def _metric_definitions(spec: JobSpec) -> list[dict[str, str]]:
 def pytorch_estimator_kwargs(spec: JobSpec) -> dict:
     """Keyword arguments of SDK v2 `sagemaker.pytorch.PyTorch(**kwargs)` for `spec`.
 
-    `.fit(data_channels(spec))` (as `TrainingInput(uri, input_mode=spec.input_mode)`) starts the job.
+    `tensorboard_output_config` is the kwargs of `sagemaker.debugger.TensorBoardOutputConfig(**v)`.
+    `.fit(data_channels(spec))` (as `TrainingInput(uri, input_mode=spec.input_mode)`, plus
+    `FileSystemInput(**v)` for each of `file_system_inputs(spec)`) starts the job.
     """
     _check(spec)
     kwargs: dict = {
@@ -269,7 +403,7 @@ def pytorch_estimator_kwargs(spec: JobSpec) -> dict:
         "role": spec.role,
         "instance_type": spec.instance_type,
         "instance_count": spec.instance_count,
-        "hyperparameters": hyperparameter_strings(spec.hyperparameters),
+        "hyperparameters": _hyperparameters(spec),
         "metric_definitions": _metric_definitions(spec),
         "max_run": spec.max_run_s,
         "volume_size": spec.volume_size_gb,
@@ -278,6 +412,20 @@ def pytorch_estimator_kwargs(spec: JobSpec) -> dict:
         "input_mode": spec.input_mode,
         "use_spot_instances": spec.use_spot_instances,
     }
+    if not spec.debugger:
+        kwargs["debugger_hook_config"] = False
+    if not spec.profiler:
+        kwargs["disable_profiler"] = True
+    if spec.keep_alive_s is not None:
+        kwargs["keep_alive_period_in_seconds"] = spec.keep_alive_s
+    if spec.tensorboard_s3_uri:
+        kwargs["tensorboard_output_config"] = {
+            "s3_output_path": spec.tensorboard_s3_uri,
+            "container_local_output_path": TENSORBOARD_LOCAL_PATH,
+        }
+    if spec.subnets:
+        kwargs["subnets"] = list(spec.subnets)
+        kwargs["security_group_ids"] = list(spec.security_group_ids)
     distribution = distribution_config(spec.distribution, spec.instance_type)
     if distribution is not None:
         kwargs["distribution"] = distribution
@@ -297,10 +445,14 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
     Values that the SDK takes as objects are dicts named by their class, for the caller to construct:
     `compute` -> `Compute(**v)`, `stopping_condition` -> `StoppingCondition(**v)`,
     `checkpoint_config` -> `CheckpointConfig(**v)`, `source_code` -> `SourceCode(**v)`,
-    `distributed` -> `Torchrun(**v)`. SDK v3 has no SMDDP class: "smddp" is refused here (use SDK v2).
+    `distributed` -> `Torchrun(**v)`, `networking` -> `Networking(**v)`; `tensorboard_output_config` is not a
+    constructor argument: `.with_tensorboard_output_config(TensorBoardOutputConfig(**v))`. ModelTrainer runs
+    no Debugger hook or Profiler (it has no such arguments). SDK v3 has no SMDDP class: "smddp" is refused
+    here (use SDK v2).
     "torchrun" uploads `source_dir` and runs `entry_point` under torchrun (one worker per process);
     "none" passes no source code, so the image's own toolkit path runs entrypoint.py once per host.
-    Data channels go to `.train(input_data_config=[InputData(channel_name=k, data_source=v), ...])`.
+    Data channels go to `.train(input_data_config=[InputData(channel_name=k, data_source=v), ...])`, with
+    `FileSystemDataSource(**v)` as the data source of each of `file_system_inputs(spec)`.
     """
     _check(spec)
     if spec.distribution == "smddp":
@@ -316,7 +468,7 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
         "training_image": spec.image_uri,
         "role": spec.role,
         "base_job_name": spec.base_job_name,
-        "hyperparameters": hyperparameter_strings(spec.hyperparameters),
+        "hyperparameters": _hyperparameters(spec),
         "environment": dict(spec.environment),
         "compute": {
             "instance_type": spec.instance_type,
@@ -325,7 +477,20 @@ def model_trainer_kwargs(spec: JobSpec) -> dict:
             "enable_managed_spot_training": spec.use_spot_instances,
         },
         "stopping_condition": stopping,
+        "training_input_mode": spec.input_mode,
     }
+    if spec.keep_alive_s is not None:
+        kwargs["compute"]["keep_alive_period_in_seconds"] = spec.keep_alive_s
+    if spec.subnets:
+        kwargs["networking"] = {
+            "subnets": list(spec.subnets),
+            "security_group_ids": list(spec.security_group_ids),
+        }
+    if spec.tensorboard_s3_uri:
+        kwargs["tensorboard_output_config"] = {
+            "s3_output_path": spec.tensorboard_s3_uri,
+            "local_path": TENSORBOARD_LOCAL_PATH,
+        }
     if spec.distribution == "torchrun":
         if not spec.source_dir:
             raise ConfigError(

@@ -161,7 +161,10 @@ class TrainConfig:
     )
     """training budget in hours (ultralytics' `time`): the epoch count is planned from the measured epoch
     times after each epoch (budget.py); None → --epochs."""
-    batch_size: int | None = option(None, help="GLOBAL batch over all ranks (default 16)")
+    batch_size: int | None = option(
+        None,
+        help="GLOBAL batch over all ranks (default 16); -1: AutoBatch, the per-GPU batch sized to the GPU",
+    )
     """GLOBAL batch over all ranks (the release's meaning); default 16 when batch_per_gpu is not given."""
     batch_per_gpu: int | None = option(None, help="batch per rank (alternative to --batch-size)")
     """batch per rank; the global batch is this times the world size."""
@@ -324,7 +327,10 @@ class TrainConfig:
         )
         for name in ("batch_size", "batch_per_gpu"):
             value = getattr(self, name)
-            _check(value is None or value >= 1, _opt(name), value, "must be >= 1")
+            auto = name == "batch_size" and value == -1  # AutoBatch (autobatch.py)
+            _check(
+                value is None or value >= 1 or auto, _opt(name), value, "must be >= 1 (--batch-size: or -1)"
+            )
         _check(
             self.imgsz >= 32 and self.imgsz % 32 == 0,
             "--imgsz",

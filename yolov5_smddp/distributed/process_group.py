@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from yolov5_smddp.dlc import SMDDP_DLCS
+from yolov5_smddp.dlc import SMDDP_DLCS, SMDDP_OPTIMISED_INSTANCE_TYPES
 from yolov5_smddp.errors import ConfigError
 
 SMDDP_MODULE = "smdistributed.dataparallel.torch.torch_smddp"
@@ -31,9 +31,10 @@ DEFAULT_MASTER_PORT = 7777  # the port the SageMaker PyTorch toolkit exports
 SMDDP_LAUNCH_FLAGS = ("SMDATAPARALLEL_USE_SINGLENODE", "SMDATAPARALLEL_USE_HOMOGENEOUS")
 """The toolkit's SMDDP runner (distributions `smdistributed` and `pytorchddp`) exports one of these to every
 rank it starts with mpirun + smddprun (one node: SINGLENODE, several: HOMOGENEOUS)."""
-SMDDP_INSTANCE_TYPES = frozenset({"ml.p4d.24xlarge", "ml.p4de.24xlarge"})
-"""Where `--backend auto` picks SMDDP: the types AWS lists with SMDDP's optimisations. ml.p3dn.24xlarge runs
-SMDDP "without its optimisations" (so NCCL, with nothing to gain from SMDDP there) and its V100s have no bf16."""
+SMDDP_INSTANCE_TYPES = frozenset(SMDDP_OPTIMISED_INSTANCE_TYPES)
+"""Where `--backend auto` picks SMDDP: the types AWS lists with SMDDP's optimisations (dlc.py holds the one
+list). ml.p3dn.24xlarge runs SMDDP "without its optimisations" (so NCCL, with nothing to gain from SMDDP
+there) and its V100s have no bf16."""
 
 log = logging.getLogger(__name__)
 

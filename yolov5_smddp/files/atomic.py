@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from yolov5_smddp.errors import output_error
+from yolov5_smddp.files import claimed_dir
 
 FILE_MODE = 0o666
 """Mode a new file is created with before the umask, as `open()` does: 0644 under the usual umask 022."""
@@ -28,12 +30,14 @@ def make_folder(folder: str | os.PathLike) -> Path:
     return folder
 
 
-def _create_temporary(path: Path) -> tuple[int, Path]:
-    """A new, unique, empty file next to `path` (O_EXCL), mode FILE_MODE minus the process umask
-    (the kernel applies it; `tempfile.mkstemp` would make it 0600, unreadable to anyone else)."""
+def _create_temporary(path: Path, staging: Path | None = None) -> tuple[int, Path]:
+    """A new, unique, empty file in `staging` (next to `path` without one) (O_EXCL), mode FILE_MODE minus
+    the process umask (the kernel applies it; `tempfile.mkstemp` would make it 0600, unreadable to anyone
+    else)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    folder = path.parent if staging is None else Path(staging)
     while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:
             return os.open(tmp, flags, FILE_MODE), tmp
         except FileExistsError:
@@ -42,9 +46,16 @@ def _create_temporary(path: Path) -> tuple[int, Path]:
 
 @contextmanager
 def atomic_write(
-    path: str | os.PathLike, mode: str = "wb", *, fsync: bool = True, **open_kwargs
+    path: str | os.PathLike,
+    mode: str = "wb",
+    *,
+    fsync: bool = True,
+    staging: str | os.PathLike | None = None,
+    **open_kwargs,
 ) -> Iterator[IO]:
-    """Open a unique temporary file next to `path` for writing; on a clean exit flush, fsync and
+    """Open a unique temporary file next to `path` for writing (in `staging`, a folder on the same file
+    system, when given; in the claimed folder's staging folder for a folder a run has claimed:
+    claimed_dir.py); on a clean exit flush, fsync and
     `os.replace` it onto `path` (atomic on POSIX file systems); on an exception remove it. The file gets
     the permissions a plain `open(path, "w")` would give a new file (0644 under umask 022).
 
@@ -56,8 +67,10 @@ def atomic_write(
     """
     path = Path(path)
     make_folder(path.parent)
+    if staging is None:
+        staging = claimed_dir.staging_for(path.parent)
     try:
-        fd, tmp = _create_temporary(path)
+        fd, tmp = _create_temporary(path, staging)
     except OSError as exc:
         raise (output_error(exc, path) or exc) from exc
     try:
@@ -73,3 +86,12 @@ def atomic_write(
         if failed_write is None or failed_write is exc:
             raise
         raise failed_write from exc
+
+
+def atomic_copy(source: str | os.PathLike, target: str | os.PathLike, **kwargs) -> Path:
+    """Copy `source` onto `target` as atomic_write writes (a kill leaves the old target or the whole copy,
+    never a part of it under the final name); `kwargs` go to atomic_write (staging). Returns `target`."""
+    target = Path(target)
+    with open(source, "rb") as src, atomic_write(target, **kwargs) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return target

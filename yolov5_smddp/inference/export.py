@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +30,7 @@ import yaml
 from torch import nn
 
 from yolov5_smddp.errors import ConfigError, output_error
+from yolov5_smddp.files import claimed_dir
 from yolov5_smddp.files.atomic import atomic_write, make_folder
 from yolov5_smddp.models.yolo import DetectionModel
 
@@ -234,7 +236,9 @@ def _onnx(
             OUTPUT_NAME: {0: "batch", 1: "anchors"},
         }
     make_folder(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # the exporter's own file: in the claimed folder's staging folder (a model folder during training), named
+    # as atomic_write names its temporaries, so a sweep after a kill removes it (claimed_dir.py)
+    tmp = (claimed_dir.staging_for(path.parent) or path.parent) / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         with torch.no_grad(), _written_as(path):
             torch.onnx.export(

@@ -21,6 +21,20 @@ from yolov5_smddp.train.data_wiring import scan_split
 log = logging.getLogger(__name__)
 
 
+def channel_not_a_folder(kind: str, folder: Path) -> str:
+    """Why a channel is not a folder: Pipe mode (the channel arrives as a FIFO, `<folder>_0`, or is one)
+    named with what to use instead; else "is the channel mounted?"."""
+    fifos = [p for p in (folder, folder.with_name(f"{folder.name}_0")) if p.is_fifo()]
+    if fifos:
+        return (
+            f"{kind} channel {folder} arrives in Pipe input mode (a FIFO: {fifos[0]}), which streams the channel "
+            "once, in order, and cannot hold a folder of images and labels read in random order: start the job "
+            "with input_mode 'FastFile' (files streamed from S3 on first read) or 'File' (the channel copied "
+            "before training)"
+        )
+    return f"{kind} channel {folder} is not a folder (is the channel mounted?)"
+
+
 def prepare_data_yaml(env: SageMakerEnv, data: str | None, cache_dir: Path | None = None) -> Path | None:
     """The data.yaml the workers read, rebased onto the training channel; None = the embedded dataset.
 
@@ -39,7 +53,7 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None, cache_dir: Path | Non
             raise DataError(f"a validation channel ({val_channel}) was given without a 'training' channel")
         return Path(data) if data else None
     if not train_channel.is_dir():
-        raise DataError(f"training channel {train_channel} is not a folder (is the channel mounted?)")
+        raise DataError(channel_not_a_folder("training", train_channel))
     yaml_path = train_channel / (data or "data.yaml")
     jsons = sorted(train_channel.glob("*.json"))
     if data is None and not yaml_path.is_file() and len(jsons) == 1:  # images + one COCO JSON
@@ -63,7 +77,7 @@ def prepare_data_yaml(env: SageMakerEnv, data: str | None, cache_dir: Path | Non
     val = [str(p) for p in config.val]
     if val_channel is not None:
         if not val_channel.is_dir():
-            raise DataError(f"validation channel {val_channel} is not a folder (is the channel mounted?)")
+            raise DataError(channel_not_a_folder("validation", val_channel))
         jsons = sorted(val_channel.glob("*.json"))  # a channel of images + one COCO JSON
         val = [str(jsons[0])] if len(jsons) == 1 else [str(val_channel)]
     rebased = {
@@ -122,7 +136,7 @@ def weights_from_channel(env: SageMakerEnv, weights: str | None) -> Path | None:
     if folder is None:
         return None
     if not folder.is_dir():
-        raise ConfigError(f"weights channel {folder} is not a folder (is the channel mounted?)")
+        raise ConfigError(channel_not_a_folder("weights", folder))
     held = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     pts = [name for name in held if name.endswith(".pt")]
     if weights is not None and Path(weights).is_absolute():

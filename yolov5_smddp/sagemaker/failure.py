@@ -74,7 +74,8 @@ def failure_reason(exc: BaseException) -> str:
         return f"Output problem: {written.cause}{_full_disk_advice(written.cause)} (writing {written.path})"
     if isinstance(exc, UserError):
         kind = {ConfigError: "Invalid hyperparameter or option", DataError: "Dataset problem"}.get(
-            type(exc), "Invalid input"
+            type(exc),
+            getattr(exc, "kind", "Invalid input"),  # out_of_memory.OutOfMemory: "Out of memory"
         )
         return f"{kind}: {text}"
     return (

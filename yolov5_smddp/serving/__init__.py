@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
+from yolov5_smddp.errors import OutputError
 from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.inference import export
 from yolov5_smddp.inference.export import ExportOptions, export_model
@@ -78,6 +79,8 @@ def write_model_folder(
             written.update(
                 export_model(export_copy, model_dir / STEM, ExportOptions(include=(fmt,), imgsz=shape))
             )
+        except OutputError:  # the model folder itself cannot be written: the job fails (exit 2)
+            raise
         except Exception as exc:  # an exporter's own failures: best.pt and the other files still stand
             log.warning(
                 "model folder: %s%s not written (%s: %s)", STEM, export.SUFFIXES[fmt], type(exc).__name__, exc
@@ -97,9 +100,12 @@ def write_serving_files(
     model_dir: Path, model: nn.Module, imgsz: int, time_left: Callable[[], float | None] | None = None
 ) -> bool:
     """`write_model_folder` at the end of training (float16-rounded weights, as best.pt holds them);
-    a failure is logged as a warning and does not fail the run, whose best.pt is already written."""
+    an exporter's failure is logged as a warning and does not fail the run, whose best.pt is already
+    written; a file that cannot be written (OutputError: a full or read-only model folder) fails it."""
     try:
         written = write_model_folder(model_dir, model, imgsz, float16_weights=True, time_left=time_left)
+    except OutputError:  # a full or failing model folder is never success
+        raise
     except Exception as exc:  # export covers many torch / onnx code paths; the weights are safe already
         log.warning(
             "model folder: code/inference.py / TorchScript / ONNX not written (%s: %s)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ class RunState:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file next to `path`, fsync, then os.replace onto `path`."""
+    """torch.save to a temporary file (next to `path`, or in its claimed folder's staging folder), fsync,
+    then os.replace onto `path`."""
     with atomic_write(path) as handle:
         torch.save(obj, handle)
 
@@ -127,6 +129,61 @@ def find_resumable(folder: Path) -> Path | None:
     """The `last.pt` in `folder` if there is one (stray temporary files from a kill are ignored)."""
     candidate = Path(folder) / LAST
     return candidate if candidate.is_file() else None
+
+
+EPOCH_FILE = re.compile(r"^epoch(\d+)\.pt$")
+"""--save-period's copies of last.pt: epochN.pt."""
+
+
+def _has_run_state(state: dict[str, Any]) -> bool:
+    return all(key in state for key in ("epoch", "iteration", "model", "ema", "optimizer", "scaler"))
+
+
+def load_resumable(folder: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest checkpoint in `folder` that loads: last.pt, else the newest of the epochN.pt copies and
+    best.pt (when it carries run state) that loads; (path, its contents, what was skipped and why).
+    (None, None, []) without a last.pt; the last.pt's WeightsError when nothing loads."""
+    folder = Path(folder)
+    last = find_resumable(folder)
+    if last is None:
+        return None, None, []
+    try:
+        return last, load_checkpoint(last), []
+    except WeightsError as exc:
+        first_error, skipped = exc, [f"{LAST} ({_reason(exc)})"]
+    copies = sorted(
+        (int(m.group(1)), p) for p in folder.iterdir() if (m := EPOCH_FILE.match(p.name)) and p.is_file()
+    )
+    found: tuple[Path, dict[str, Any]] | None = None
+    for _, path in reversed(copies):
+        try:
+            found = path, load_checkpoint(path)
+            break
+        except WeightsError as exc:
+            skipped.append(f"{path.name} ({_reason(exc)})")
+    best = folder / BEST
+    if best.is_file():
+        try:
+            state = load_checkpoint(best)
+        except WeightsError as exc:
+            skipped.append(f"{BEST} ({_reason(exc)})")
+        else:
+            if not _has_run_state(state):
+                skipped.append(f"{BEST} (no run state)")
+            elif found is None or int(state["epoch"]) > int(found[1]["epoch"]):
+                if found is not None:
+                    skipped.append(f"{found[0].name} (older than {BEST})")
+                found = best, state
+    if found is None:
+        raise first_error
+    return found[0], found[1], skipped
+
+
+def _reason(exc: WeightsError) -> str:
+    """The cause inside a load_checkpoint message: its parenthesised part, else the message."""
+    text = str(exc)
+    match = re.search(r"\((.*)\)", text)
+    return match.group(1) if match else text
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from yolov5_smddp.data.color import runs_on_device
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import load_model_config
+from yolov5_smddp.train.autobatch import AUTO_BATCH, CPU_REFUSAL
 from yolov5_smddp.train.engine import AmpPolicy, resolve_amp
 
 log = logging.getLogger("yolov5_smddp")
@@ -42,9 +43,19 @@ def decide(config: TrainConfig, info: process_group.DistInfo) -> Decisions:
     if info.rank == 0:
         for warning in unused_hyp_warnings(hyp, load_hyp("scratch-low")):
             log.warning("%s", warning)
-    plan = plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
+    auto_batch = config.batch_size == AUTO_BATCH
+    if auto_batch and config.batch_per_gpu is not None:
+        raise ConfigError("--batch-size -1 (AutoBatch) sizes the per-GPU batch: leave --batch-per-gpu out")
+    # AutoBatch: a stand-in plan until the trainer probes the GPU (autobatch.py), after the process group
+    plan = (
+        BatchPlan(info.world_size, 1)
+        if auto_batch
+        else plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
+    )
     cuda = torch.cuda.is_available()
     backend, device_type = process_group.resolve(config.backend, info, cuda)
+    if auto_batch and device_type != "cuda":
+        raise ConfigError(CPU_REFUSAL)
     amp = resolve_amp(
         config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
     )

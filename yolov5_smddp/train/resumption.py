@@ -5,7 +5,6 @@ from it on every rank (rank 0's point, agreed by broadcast)."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from yolov5_smddp.config.resume import resume_run, same_data
 from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import ConfigError, WeightsError
-from yolov5_smddp.files.atomic import make_folder
+from yolov5_smddp.files.atomic import atomic_copy, make_folder
 from yolov5_smddp.train import checkpoint
 
 if TYPE_CHECKING:
@@ -55,12 +54,21 @@ def resumable_checkpoint(
         if main and best_before.is_file():  # the resumed run's best comes along
             make_folder(dirs.checkpoint_dir)
             if not (dirs.checkpoint_dir / checkpoint.BEST).exists():
-                shutil.copyfile(best_before, dirs.checkpoint_dir / checkpoint.BEST)
+                atomic_copy(best_before, dirs.checkpoint_dir / checkpoint.BEST)
         return config, path, saved
-    path = None if config.exist_ok else checkpoint.find_resumable(dirs.checkpoint_dir)
-    if path is None:
+    if config.exist_ok:
         return config, None, None
-    saved = checkpoint.load_checkpoint(path)
+    path, saved, skipped = checkpoint.load_resumable(dirs.checkpoint_dir)
+    if path is None or saved is None:
+        return config, None, None
+    if skipped and main:
+        log.warning(
+            "resume: %s skipped: %s; resuming from %s (epoch %d), the newest checkpoint that loads",
+            ", ".join(s.split(" (")[0] for s in skipped),
+            "; ".join(skipped),
+            path,
+            int(saved["epoch"]),
+        )
     theirs = saved.get("config", {})
     differ = [
         name

@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,20 +24,25 @@ import torch
 from torch import nn
 
 from yolov5_smddp import plots
+from yolov5_smddp.config.batch import BatchPlan
 from yolov5_smddp.config.output_dirs import OutputDirs
 from yolov5_smddp.config.train_config import TrainConfig, check_freeze
 from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
+from yolov5_smddp.files import claimed_dir
+from yolov5_smddp.files.atomic import atomic_copy
 from yolov5_smddp.models.autoanchor import AnchorCheck, autoanchor
 from yolov5_smddp.models.initial import initial_model
 from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.telemetry import emit, metric_line
-from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, reporting
+from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, out_of_memory, reporting
+from yolov5_smddp.train.autobatch import AUTO_BATCH, agree_smallest, size_batch
 from yolov5_smddp.train.budget import TimeBudget, counting_clock
 from yolov5_smddp.train.data_wiring import DataBundle
 from yolov5_smddp.train.decisions import Decisions, decide
 from yolov5_smddp.train.engine import (
+    AmpPolicy,
     EpochResult,
     TrainStep,
     accumulation,
@@ -172,7 +176,7 @@ def end_epoch(
     reporting.emit_epoch_line(row, result, epochs=run.epochs, device=run.device)
     last = run.save(state, best=improved)
     if run.config.save_period > 0 and state.epoch % run.config.save_period == 0:
-        shutil.copyfile(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
+        atomic_copy(last, run.dirs.checkpoint_dir / f"epoch{state.epoch}.pt")
     reporting.write_epoch_outputs(
         run.dirs.output_dir,
         state.history,
@@ -391,12 +395,31 @@ def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -
     """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
     SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
     job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
-    with StopOnSigterm() as stop:
-        return _train(config, info, dirs, stop)
+    # rank 0 owns the checkpoint, model and output folders: one run at a time, temporaries staged outside
+    # them (SageMaker uploads what appears there), a killed run's temporaries removed (claimed_dir.py)
+    owned = [
+        (dirs.checkpoint_dir, "checkpoint folder"),
+        (dirs.model_dir, "model folder"),
+        (dirs.output_dir, "output folder"),
+    ]
+    facts = out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz)
+    with (
+        StopOnSigterm() as stop,
+        claimed_dir.claim_folders(owned if info.rank == 0 else []),
+        out_of_memory.named(facts),  # CUDA OOM / MemoryError: one line naming the GPU, batch, image size
+    ):
+        return _train(config, info, dirs, stop, facts)
 
 
-def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, stop: StopOnSigterm) -> int:
+def _train(
+    config: TrainConfig,
+    info: process_group.DistInfo,
+    dirs: OutputDirs,
+    stop: StopOnSigterm,
+    facts: out_of_memory.MemoryFacts | None = None,
+) -> int:
     started = time.perf_counter()
+    facts = facts if facts is not None else out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz)
 
     # -- the run resumed (--resume: its options; a checkpoint_dir/last.pt of the same run), else a new one
     config, resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
@@ -410,6 +433,11 @@ def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, 
     # -- process group and device
     device = process_group.init(info, decided.backend, decided.device_type, config.dist_timeout)
     seed_everything(config.seed + info.rank)
+    facts.device = device
+    if config.batch_size == AUTO_BATCH:  # --batch-size -1: every rank probes its GPU, all take the smallest
+        plan = auto_batch_plan(config, info, bundle, device, saved, decided.amp)
+        decided = dataclasses.replace(decided, plan=plan)
+    facts.per_rank, facts.global_batch = decided.plan.per_rank, decided.plan.global_batch
     if info.rank == 0:
         log.info(
             "backend=%s world_size=%d global_batch=%d per_rank=%d accumulate=%d amp=%s device=%s",
@@ -442,6 +470,45 @@ def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, 
         tracking.finish(dirs.output_dir, dirs.model_dir, interrupted=outcome.interrupted)
     process_group.barrier()
     return EXIT_INTERRUPTED if outcome.interrupted else 0
+
+
+def auto_batch_plan(
+    config: TrainConfig,
+    info: process_group.DistInfo,
+    bundle: DataBundle,
+    device: torch.device,
+    saved: dict[str, Any] | None,
+    amp: AmpPolicy,
+) -> BatchPlan:
+    """--batch-size -1: the per-GPU batch the smallest GPU of the job fits (autobatch.py), probed with the
+    run's architecture (a fresh copy: the run's own model is built after)."""
+    probe = initial_model(
+        config.cfg,
+        config.weights,
+        bundle.nc,
+        bundle.names,
+        allow_partial=config.allow_partial_transfer,
+        resume_cfg=saved.get("model_cfg") if saved is not None else None,
+    ).model
+    mine = size_batch(probe, config.imgsz, device, amp_dtype=amp.dtype, rank=info.rank)
+    del probe
+    torch.cuda.empty_cache()
+    agreed = agree_smallest(mine)
+    if agreed < 1:
+        raise out_of_memory.OutOfMemory(
+            "--batch-size -1 (AutoBatch): "
+            + out_of_memory.gpu_message(
+                out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz, device=device)
+            )
+        )
+    if info.rank == 0:
+        log.info(
+            "autobatch: %d image(s) per GPU (the smallest of %d rank(s)), global batch %d",
+            agreed,
+            info.world_size,
+            agreed * info.world_size,
+        )
+    return BatchPlan(agreed * info.world_size, agreed)
 
 
 def build_run(
