@@ -1,0 +1,90 @@
+"""Faults during a run (issue 50): the failure reason names the rank that died and why, ahead of the
+survivors' transport errors; memory exhaustion is one line naming memory and what to change."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from child_python import run_python
+
+from yolov5_smddp.distributed import blame
+from yolov5_smddp.train.memory_fault import MemoryExhausted, as_memory_problem
+
+RESET = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+TIMED_OUT = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting"
+
+
+def test_a_rank_killed_by_a_signal_is_named_ahead_of_an_earlier_survivor():
+    survivor = blame.Failed(rank=0, exitcode=1, message=RESET, timestamp=100)
+    killed = blame.Failed(rank=1, exitcode=-signal.SIGKILL, message="", timestamp=105)
+    assert blame.blame([survivor, killed]) is killed
+    assert blame.cause_words(killed, oom_killed=False).startswith("was killed by signal SIGKILL")
+
+
+def test_a_ranks_own_error_is_named_ahead_of_transport_errors():
+    own = blame.Failed(rank=3, exitcode=2, message="cannot write /ckpt/last.pt: no space left", timestamp=9)
+    survivors = [blame.Failed(r, 1, m, 1) for r, m in ((0, RESET), (1, TIMED_OUT))]
+    assert blame.blame([*survivors, own]) is own
+    assert blame.cause_words(own, oom_killed=False) == (
+        "exited with code 2: cannot write /ckpt/last.pt: no space left"
+    )
+
+
+def test_an_oom_killed_rank_says_memory_in_words():
+    killed = blame.Failed(rank=1, exitcode=-signal.SIGKILL, message="")
+    words = blame.cause_words(killed, oom_killed=True)
+    assert words.startswith("was killed by the OOM killer: memory")
+    assert "--workers" in words
+
+
+def test_the_oom_kill_count_is_read_from_the_processes_own_cgroup(tmp_path, monkeypatch):
+    folder = tmp_path / "system.slice" / "job.scope"
+    folder.mkdir(parents=True)
+    (folder / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    monkeypatch.setattr(blame, "CGROUP_ROOT", tmp_path)
+    found = blame.own_memory_cgroup("0::/system.slice/job.scope\n")
+    assert found == folder
+    assert blame.oom_kills(found) == 2
+    assert blame.own_memory_cgroup("0::/elsewhere\n") is None
+
+
+@pytest.mark.parametrize(
+    ("exc", "words"),
+    [
+        (MemoryError(), "out of host memory"),
+        (RuntimeError("could not create a primitive"), "out of host memory"),
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+            "host",
+        ),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "out of GPU memory"),
+    ],
+)
+def test_memory_exhaustion_is_one_line_naming_memory_and_what_to_change(exc, words):
+    problem = as_memory_problem(exc)
+    assert isinstance(problem, MemoryExhausted)
+    line = str(problem)
+    assert words in line and "--batch-size" in line and "\n" not in line
+
+
+def test_other_errors_are_not_memory():
+    assert as_memory_problem(RuntimeError("shape mismatch")) is None
+    assert as_memory_problem(ValueError("MemoryError")) is None
+
+
+_REAL_MEMORY_ERROR = """
+import sys
+from yolov5_smddp import cli
+try:
+    bytearray(1 << 60)
+except MemoryError as exc:
+    sys.exit(cli.report(exc))
+"""
+
+
+def test_a_real_memory_error_ends_a_command_in_one_line_with_exit_2():
+    done = run_python(_REAL_MEMORY_ERROR, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out of host memory (MemoryError")
