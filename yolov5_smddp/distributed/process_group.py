@@ -356,6 +356,9 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
     )
     _state.update(store=store, store_host=None if info.agent_store else 0)  # for teardown()
+    from yolov5_smddp.distributed import liveness  # a hung rank is named when a collective fails (issue 50)
+
+    liveness.start(store, info.rank, info.world_size, timeout_s)
     return device
 
 
