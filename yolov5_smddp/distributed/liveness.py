@@ -126,7 +126,13 @@ def explain(exc: BaseException) -> RankStopped | None:
     if not found["ranks"]:
         return None
     named = ", ".join(f"rank {r} on host {h}" for r, h in found["ranks"])
+    noticed = f"(noticed by rank {me} on host {socket.gethostname()})"
+    if "imed out" in str(exc):
+        return RankStopped(
+            f"training {named} did not answer the collective for {waited}: its heartbeat stopped (paused "
+            f"with SIGSTOP, hung, or its host stalled) {noticed}"
+        )
     return RankStopped(
-        f"training {named} did not answer the collective for {waited}: its heartbeat stopped (paused "
-        f"with SIGSTOP, hung, or its host stalled) (noticed by rank {me} on host {socket.gethostname()})"
+        f"training {named} stopped answering: its heartbeat stopped and its connection closed (the process "
+        f"died or its host went away) {noticed}"
     )

@@ -1,0 +1,114 @@
+"""Faults injected from outside into a running 2-rank job under the SageMaker entry's elastic launcher
+(issue 50): an output that cannot be written exits 2 with its reason, as in one process; a rank paused
+with SIGSTOP past --dist-timeout is named (rank, host, "did not answer the collective for N s") ahead of
+the survivor's transport error, and the job ends within the README's bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from child_env import REPO, child_env, free_port
+
+from yolov5_smddp.data.synthetic import make_default_dataset
+
+pytestmark = pytest.mark.slow
+
+
+def _job(tmp_path: Path, *extra: str, epochs: int = 1) -> tuple[Path, list[str], dict[str, str]]:
+    base = tmp_path / "ml"
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "hyperparameters.json").write_text("{}")
+    (config / "inputdataconfig.json").write_text(json.dumps({"training": {"TrainingInputMode": "File"}}))
+    make_default_dataset(base / "input" / "data" / "training", n_train=8, n_val=4, imgsz=64, seed=3)
+    (base / "output").mkdir()
+    env = {**child_env(), "SAGEMAKER_BASE_DIR": str(base), "SM_NUM_GPUS": "0", "TRAINING_JOB_NAME": "job-50"}
+    command = [sys.executable, str(REPO / "entrypoint.py")]
+    command += ["--epochs", str(epochs), "--imgsz", "64", "--batch-size", "4", "--workers", "0"]
+    command += ["--cfg", "yolov5n", "--noplots", "--backend", "gloo", "--nproc-per-node", "2"]
+    command += ["--master-port", str(free_port()), *extra]
+    return base, command, env
+
+
+def test_a_full_checkpoint_disk_exits_2_with_its_reason_under_the_elastic_launcher(tmp_path):
+    base, command, env = _job(tmp_path)
+    (base / "checkpoints").mkdir()
+    # a real full disk: a 1 MB tmpfs over the checkpoint folder, in a mount namespace of the job's own
+    mount = f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(base / 'checkpoints'))}"
+    wrapped = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'{mount} && exec "$@"',
+        "job",
+        *command,
+    ]
+    done = subprocess.run(wrapped, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    log = done.stdout + done.stderr
+    if done.returncode != 0 and "mount" in done.stderr[:500] and "Training" not in log:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 2, log[-4000:]
+    reason = (base / "output" / "failure").read_text().splitlines()[0]
+    assert reason.startswith("Training failed: training worker rank "), reason
+    assert "exited with code 2: cannot write " in reason and "no space left on " in reason, reason
+    assert "raise volume_size" in reason and "Traceback" not in reason
+
+
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the elastic worker with RANK=`rank` below `parent` (read from /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"yolov5_smddp.launch" in cmdline and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_a_rank_paused_past_the_timeout_is_named_and_the_job_ends_within_the_bound(tmp_path):
+    base, command, env = _job(tmp_path, "--dist-timeout", "10", epochs=50)
+    out = (tmp_path / "log").open("w")
+    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    paused = None
+    try:
+        deadline = time.monotonic() + 240
+        while "epoch=" not in (tmp_path / "log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-4000:]
+            time.sleep(0.5)
+        paused = _rank_pid(proc.pid, 1)
+        assert paused is not None
+        os.kill(paused, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        code = proc.wait(timeout=150)
+        took = time.monotonic() - stopped_at
+    finally:
+        if paused is not None:
+            try:
+                os.kill(paused, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (tmp_path / "log").read_text()
+    assert code != 0, log[-4000:]
+    reason = (base / "output" / "failure").read_text().splitlines()[0]
+    assert "training rank 1 on host " in reason and "did not answer the collective for 10 s" in reason, reason
+    assert "Connection reset" not in reason.split("did not answer")[0]
+    print(f"the job ended {took:.0f} s after rank 1 was paused (--dist-timeout 10)")
+    assert took < 120, took  # the README's bound: --dist-timeout + 4 s + the agent's 30 s grace, with room
