@@ -192,7 +192,24 @@ def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: 
             f"{plan.nnodes}) {blame.cause_words(chosen, oom_killed=oom_killed)}",
             chosen.exitcode,
         ) from exc
+    except RuntimeError as exc:  # torch's DistNetworkError: the rendezvous store could not listen
+        busy = port_in_use(exc, plan.master_addr, plan.master_port)
+        if busy is None:
+            raise
+        raise busy from exc
     return 0
+
+
+def port_in_use(exc: BaseException, addr: str, port: int) -> ConfigError | None:
+    """The one-line ConfigError for a store that could not listen on a busy master port; None for any
+    other error."""
+    text = str(exc)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    return ConfigError(
+        f"the master port {port} on {addr} is already in use (another job or process listens there): "
+        "give a free one with --master-port (or MASTER_PORT), or end that process"
+    )
 
 
 def _failed(rank: int, failure) -> blame.Failed:

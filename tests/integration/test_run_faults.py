@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +113,20 @@ def test_a_rank_paused_past_the_timeout_is_named_and_the_job_ends_within_the_bou
     assert "Connection reset" not in reason.split("did not answer")[0]
     print(f"the job ended {took:.0f} s after rank 1 was paused (--dist-timeout 10)")
     assert took < 120, took  # the README's bound: --dist-timeout + 4 s + the agent's 30 s grace, with room
+
+
+def test_a_busy_master_port_ends_the_job_in_one_line_with_exit_2(tmp_path):
+    base, command, env = _job(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        command[command.index("--master-port") + 1] = str(port)
+        started = time.monotonic()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        took = time.monotonic() - started
+    log = done.stdout + done.stderr
+    assert done.returncode == 2, log[-4000:]
+    reason = (base / "output" / "failure").read_text().splitlines()[0]
+    assert f"the master port {port} on " in reason and "is already in use" in reason, reason
+    print(f"a busy master port ended the job in {took:.0f} s")

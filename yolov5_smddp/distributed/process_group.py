@@ -344,14 +344,22 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
     # Our own TCPStore: SMDDP's mpirun launcher exports neither RANK nor MASTER_*, and torch's env://
     # client ignores USE_LIBUV under torchrun. Rank 0 hosts the store unless torchrun's agent does.
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        info.master_addr,
-        info.master_port,
-        info.world_size,
-        is_master=info.rank == 0 and not info.agent_store,
-        timeout=timeout,
-        use_libuv=info.use_libuv,
-    )
+    try:
+        store = dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            is_master=info.rank == 0 and not info.agent_store,
+            timeout=timeout,
+            use_libuv=info.use_libuv,
+        )
+    except RuntimeError as exc:
+        from yolov5_smddp.launch import port_in_use  # a busy master port: one line, exit 2 (issue 50)
+
+        busy = port_in_use(exc, info.master_addr, info.master_port)
+        if busy is None:
+            raise
+        raise busy from exc
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
     )
