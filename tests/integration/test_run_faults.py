@@ -66,6 +66,17 @@ def test_a_full_checkpoint_disk_exits_2_with_its_reason_under_the_elastic_launch
     assert "raise volume_size" in reason and "Traceback" not in reason
 
 
+def _end(proc: subprocess.Popen) -> None:
+    """The job and its workers (torch's agent starts them in sessions of their own), when a test gives up."""
+    workers = [pid for rank in (0, 1) if (pid := _rank_pid(proc.pid, rank)) is not None]
+    for pid in [proc.pid, *workers]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def _rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the elastic worker with RANK=`rank` below `parent` (read from /proc)."""
     for entry in Path("/proc").iterdir():
@@ -84,7 +95,9 @@ def _rank_pid(parent: int, rank: int) -> int | None:
 def test_a_rank_paused_past_the_timeout_is_named_and_the_job_ends_within_the_bound(tmp_path):
     base, command, env = _job(tmp_path, "--dist-timeout", "10", epochs=50)
     out = (tmp_path / "log").open("w")
-    proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(
+        command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+    )
     paused = None
     try:
         deadline = time.monotonic() + 240
@@ -103,9 +116,7 @@ def test_a_rank_paused_past_the_timeout_is_named_and_the_job_ends_within_the_bou
                 os.kill(paused, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end(proc)
     log = (tmp_path / "log").read_text()
     assert code != 0, log[-4000:]
     reason = (base / "output" / "failure").read_text().splitlines()[0]
@@ -130,3 +141,78 @@ def test_a_busy_master_port_ends_the_job_in_one_line_with_exit_2(tmp_path):
     reason = (base / "output" / "failure").read_text().splitlines()[0]
     assert f"the master port {port} on " in reason and "is already in use" in reason, reason
     print(f"a busy master port ended the job in {took:.0f} s")
+
+
+def _memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory folder when it can hold a child cgroup (root), else None."""
+    from yolov5_smddp.distributed import blame
+
+    folder = blame.own_memory_cgroup()
+    if folder is None or not (folder / "memory.oom_control").is_file():
+        return None
+    probe = folder / f"t50-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return None
+    return folder
+
+
+def _into_cgroup(folder: Path, pid: int | None = None) -> None:
+    (folder / "cgroup.procs").write_text(str(pid if pid is not None else os.getpid()))
+
+
+def _remove_cgroup(folder: Path) -> None:
+    for child in sorted(folder.glob("**/"), key=lambda p: -len(p.parts)):
+        deadline = time.monotonic() + 10
+        while child.exists():
+            try:
+                child.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+
+
+def test_a_rank_killed_by_the_oom_killer_is_named_with_memory_in_words(tmp_path):
+    parent = _memory_cgroup()
+    if parent is None:
+        pytest.skip("needs a writable cgroup v1 memory hierarchy (root) to give one rank a memory limit")
+    job_group = parent / f"t50-job-{os.getpid()}"
+    job_group.mkdir()
+    try:
+        base, command, env = _job(tmp_path, epochs=200)
+        out = (tmp_path / "log").open("w")
+        proc = subprocess.Popen(
+            command,
+            env={**env, "YOLOV5_SMDDP_MALLOC": "default"},  # each step maps fresh pages (hostmem)
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            start_new_session=True,
+            preexec_fn=lambda: _into_cgroup(job_group),  # noqa: PLW1509 - the job's own memory cgroup
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while "epoch=" not in (tmp_path / "log").read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[
+                    -4000:
+                ]
+                time.sleep(0.5)
+            rank_1 = _rank_pid(proc.pid, 1)
+            assert rank_1 is not None
+            limited = job_group / "rank1"
+            limited.mkdir()
+            (limited / "memory.limit_in_bytes").write_text(str(4 * 2**20))  # a step maps ~20 MB anew
+            _into_cgroup(limited, rank_1)
+            code = proc.wait(timeout=150)
+        finally:
+            _end(proc)
+        log = (tmp_path / "log").read_text()
+        assert code != 0, log[-4000:]
+        reason = (base / "output" / "failure").read_text().splitlines()[0]
+        assert "training worker rank 1 on host " in reason, reason
+        assert "was killed by the OOM killer: memory" in reason, reason
+    finally:
+        _remove_cgroup(job_group)

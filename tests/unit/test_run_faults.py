@@ -49,6 +49,16 @@ def test_the_oom_kill_count_is_read_from_the_processes_own_cgroup(tmp_path, monk
     assert blame.own_memory_cgroup("0::/elsewhere\n") is None
 
 
+def test_cgroup_v1_oom_kills_are_added_up_over_the_subtree(tmp_path, monkeypatch):
+    job = tmp_path / "memory" / "job"
+    (job / "rank1").mkdir(parents=True)
+    (job / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (job / "rank1" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    monkeypatch.setattr(blame, "CGROUP_ROOT", tmp_path)
+    found = blame.own_memory_cgroup("4:memory:/job\n0::/\n")
+    assert found == job and blame.oom_kills(found) == 1
+
+
 @pytest.mark.parametrize(
     ("exc", "words"),
     [

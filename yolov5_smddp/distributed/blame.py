@@ -3,8 +3,8 @@
 When one rank dies, the others fail a moment later with transport errors ("Connection reset by peer",
 Gloo's "Timed out", NCCL's watchdog): torch's agent names the failure with the earliest timestamp, which is
 often a survivor. `blame(failures)` orders the failed workers of this host instead:
-1. a rank ended by a signal (SIGKILL, SIGSEGV, ...): the kernel's OOM killer when the memory cgroup's
-   oom_kill count grew during the run ("killed by the OOM killer: memory");
+1. a rank ended by a signal (SIGKILL, SIGSEGV, ...): the kernel's OOM killer when the oom_kill count of
+   this process's memory cgroup (v2) or its subtree (v1) grew during the run ("killed by the OOM killer: memory");
 2. a rank's own error (a known problem's one line, a traceback's last line);
 3. a survivor's transport error.
 `cause_words` spells the chosen one for the failure reason, with the rank and its host.
@@ -12,6 +12,7 @@ often a survivor. `blame(failures)` orders the failed workers of this host inste
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from dataclasses import dataclass
@@ -58,30 +59,56 @@ def signal_name(signum: int) -> str:
 
 
 def own_memory_cgroup(proc_self_cgroup: str | None = None) -> Path | None:
-    """This process's cgroup v2 folder (memory.events lives there); None without cgroup v2."""
+    """This process's memory cgroup folder: cgroup v2 (`0::/path`, memory.events) or v1 (`N:memory:/path`,
+    memory.oom_control); None when neither can be read."""
     try:
         text = proc_self_cgroup if proc_self_cgroup is not None else Path("/proc/self/cgroup").read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("0::"):
-            folder = CGROUP_ROOT / line[3:].strip().lstrip("/")
-            return folder if (folder / "memory.events").is_file() else None
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if controllers == "":
+            folder = CGROUP_ROOT / path.strip().lstrip("/")
+            if (folder / "memory.events").is_file():
+                return folder
+        elif "memory" in controllers.split(","):
+            for folder in (CGROUP_ROOT / "memory" / path.strip().lstrip("/"), CGROUP_ROOT / "memory"):
+                if (folder / "memory.oom_control").is_file():  # the second: a cgroup namespace's root
+                    return folder
     return None
 
 
-def oom_kills(folder: Path | None) -> int | None:
-    """The oom_kill count of the cgroup `folder` (it counts its descendants too); None when unknown."""
-    if folder is None:
-        return None
+MAX_CGROUPS = 1000
+"""cgroup v1 counts OOM kills per cgroup, not with its descendants: at most this many are read."""
+
+
+def _oom_kill_count(path: Path) -> int | None:
     try:
-        for line in (folder / "memory.events").read_text().splitlines():
+        for line in path.read_text().splitlines():
             name, _, value = line.partition(" ")
             if name == "oom_kill":
                 return int(value)
     except (OSError, ValueError):
         return None
     return None
+
+
+def oom_kills(folder: Path | None) -> int | None:
+    """The OOM kills counted in the cgroup `folder` and below it (v2's memory.events counts its
+    descendants; v1's memory.oom_control of each cgroup of the subtree is added up); None when unknown."""
+    if folder is None:
+        return None
+    if (folder / "memory.events").is_file():
+        return _oom_kill_count(folder / "memory.events")
+    total, found = 0, False
+    for seen, (current, _, _) in enumerate(os.walk(folder)):
+        if seen >= MAX_CGROUPS:
+            break
+        count = _oom_kill_count(Path(current) / "memory.oom_control")
+        if count is not None:
+            total, found = total + count, True
+    return total if found else None
 
 
 def cause_words(failed: Failed, *, oom_killed: bool) -> str:
