@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -216,3 +217,26 @@ def test_a_rank_killed_by_the_oom_killer_is_named_with_memory_in_words(tmp_path)
         assert "was killed by the OOM killer: memory" in reason, reason
     finally:
         _remove_cgroup(job_group)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_a_full_checkpoint_disk_exits_2_under_mpirun(tmp_path):
+    from launchers import mpirun
+    from tiny_training import tiny_training
+
+    data = make_default_dataset(tmp_path / "data", n_train=8, n_val=4, imgsz=64, seed=3)
+    out = tmp_path / "run"
+    (out / "ckpt").mkdir(parents=True)
+    options = tiny_training(out, data, "--epochs", "1", "--batch-size", "4", "--backend", "gloo", "--noplots")
+    launch = mpirun(["-m", "yolov5_smddp", "train", *options])
+    mount = f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(out / 'ckpt'))}"
+    wrapped = ["unshare", "-m", "--propagation", "private", "sh", "-c", f'{mount} && exec "$@"', "job"]
+    done = subprocess.run(
+        [*wrapped, *launch.cmd], env=launch.env, capture_output=True, text=True, timeout=300
+    )
+    log = done.stdout + done.stderr
+    if done.returncode != 0 and "mount" in done.stderr[:500] and "backend=" not in log:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 2, log[-4000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors and "no space left on " in errors[0], log[-4000:]
