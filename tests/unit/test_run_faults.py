@@ -98,3 +98,47 @@ def test_a_real_memory_error_ends_a_command_in_one_line_with_exit_2():
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: out of host memory (MemoryError")
+
+
+def test_an_elastic_worker_ends_a_dead_loader_worker_in_its_error_file_and_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from yolov5_smddp import launch
+    from yolov5_smddp.data.worker_errors import LoaderWorkerDied
+
+    def run_config(config):
+        raise LoaderWorkerDied("a DataLoader worker of rank 1 failed: killed by signal: Bus error ...")
+
+    monkeypatch.setattr(launch, "run_config", run_config)
+    monkeypatch.setattr(launch, "read_worker_args", lambda argv: None)
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    assert launch._run_worker(["--config-json", "{}"]) == 2
+    recorded = json.loads(error_file.read_text())
+    assert recorded["message"].startswith("a DataLoader worker of rank 1 failed: killed by signal: Bus error")
+    assert isinstance(recorded["timestamp"], int)
+    assert capsys.readouterr().err.splitlines() == [f"error: {recorded['message']}"]
+
+
+def test_a_bug_in_an_elastic_worker_keeps_its_traceback(monkeypatch):
+    from yolov5_smddp import launch
+
+    monkeypatch.setattr(launch, "run_config", lambda config: 1 / 0)
+    monkeypatch.setattr(launch, "read_worker_args", lambda argv: None)
+    with pytest.raises(ZeroDivisionError):
+        launch._run_worker(["--config-json", "{}"])
+
+
+def test_a_busy_port_is_one_config_line_and_other_store_errors_are_not():
+    from yolov5_smddp.errors import ConfigError
+    from yolov5_smddp.launch import port_in_use
+
+    busy = RuntimeError(
+        "The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address already in use)."
+    )
+    found = port_in_use(busy, "algo-1", 29500)
+    assert isinstance(found, ConfigError)
+    assert str(found).startswith("the master port 29500 on algo-1 is already in use")
+    assert port_in_use(RuntimeError("connect() timed out"), "algo-1", 29500) is None

@@ -64,14 +64,20 @@ def start(store: Any, rank: int, world_size: int, timeout_s: float) -> None:
 
     thread = threading.Thread(target=beat, name="yolov5-smddp-heartbeat", daemon=True)
     thread.start()
-    _state.update(store=store, rank=rank, world_size=world_size, timeout_s=timeout_s, stop=stop)
+    _state.update(
+        store=store, rank=rank, world_size=world_size, timeout_s=timeout_s, stop=stop, thread=thread
+    )
 
 
 def stop() -> None:
-    """End this rank's beats (teardown), so that they cannot touch a store being closed."""
-    event = _state.pop("stop", None)
+    """End this rank's beats and let go of the store (teardown: no beat into a store being closed, and
+    no reference that would keep it and its threads alive); waits at most 2 beats for the thread."""
+    event, thread = _state.pop("stop", None), _state.pop("thread", None)
+    _state.clear()
     if event is not None:
         event.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(2 * BEAT_S)
 
 
 def _counts(store: Any, world_size: int) -> list[int]:
@@ -105,8 +111,8 @@ def explain(exc: BaseException) -> RankStopped | None:
     store = _state.get("store")
     if store is None or not looks_like_transport(exc):
         return None
-    stop()
     world, me, timeout_s = _state["world_size"], _state["rank"], _state["timeout_s"]
+    stop()
     found: dict[str, Any] = {}
 
     def look() -> None:

@@ -468,6 +468,9 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
     if not is_initialized():
         _forget()
         return
+    from yolov5_smddp.distributed import liveness
+
+    liveness.stop()  # no heartbeat into a store being closed
     succeeded = exit_code is not None
     limit = limit_s if limit_s is not None else TEARDOWN_LIMIT_S if succeeded else FAILED_TEARDOWN_LIMIT_S
     where, main, started = f"rank {rank()} of {world_size()}", is_main(), time.monotonic()
