@@ -70,3 +70,18 @@ def test_a_real_64mb_dev_shm_is_measured_and_lowers_the_workers():
     workers, line = done.stdout.strip().splitlines()
     assert workers == "0"  # a validation batch of 32 at 640 px is 49 MB: two need more than 64 MB
     assert line.startswith("/dev/shm has 64 MB free") and "--shm-size" in line
+
+
+def test_the_training_loaders_take_the_workers_that_fit_and_log_one_line(monkeypatch, caplog):
+    import logging
+
+    from yolov5_smddp.data import shm_budget
+    from yolov5_smddp.distributed.process_group import DistInfo
+    from yolov5_smddp.train import data_wiring
+
+    monkeypatch.setattr(shm_budget, "shm_free_bytes", lambda path=shm_budget.SHM_PATH: 64 * MB)
+    info = DistInfo(0, 0, 1, 1, 0, "127.0.0.1", 29500, "single")
+    with caplog.at_level(logging.WARNING, logger="yolov5_smddp"):
+        assert data_wiring.shm_workers(8, 4, 640, info) == 2
+    [line] = [r.getMessage() for r in caplog.records if "/dev/shm" in r.getMessage()]
+    assert "using 2 worker(s) per rank" in line and "--shm-size 1g" in line
