@@ -53,7 +53,8 @@ _MEASURE = (
 
 
 @pytest.mark.skipif(
-    shutil.which("unshare") is None, reason="needs unshare (util-linux) to mount a private tmpfs"
+    shutil.which("unshare") is None,
+    reason="cannot mount a tmpfs in a private mount namespace here: no unshare",
 )
 def test_a_real_64mb_dev_shm_is_measured_and_lowers_the_workers():
     script = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} -c '{_MEASURE}'"
@@ -64,8 +65,8 @@ def test_a_real_64mb_dev_shm_is_measured_and_lowers_the_workers():
         timeout=60,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
     )
-    if done.returncode != 0 and ("Operation not permitted" in done.stderr or "permission" in done.stderr):
-        pytest.skip(f"cannot mount a private tmpfs here: {done.stderr.strip()[:200]}")
+    if done.returncode != 0 and not done.stdout.strip():  # unshare or mount refused: no python ran
+        pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {done.stderr.strip()[:200]}")
     assert done.returncode == 0, done.stderr[-2000:]
     workers, line = done.stdout.strip().splitlines()
     assert workers == "0"  # a validation batch of 32 at 640 px is 49 MB: two need more than 64 MB
