@@ -34,6 +34,24 @@ ALLOWED_SKIPS: tuple[AllowedSkip, ...] = (
         "SDK v2 and v3 share one PyPI name: the container run's venv has v2 (test_sdk_local.py drives it); "
         "the v3 tests run by hand from a v3 venv (the module's docstring)",
     ),
+    AllowedSkip(
+        "tests/integration/test_run_faults.py",
+        "cannot mount a tmpfs in a private mount namespace here",
+        "a real full disk needs a tmpfs mount (root with CAP_SYS_ADMIN): the unprivileged test container "
+        "has none; they run on a root host (issue 50)",
+    ),
+    AllowedSkip(
+        "tests/unit/test_shm_budget.py",
+        "cannot mount a tmpfs in a private mount namespace here",
+        "a real 64 MB /dev/shm needs a tmpfs mount (root with CAP_SYS_ADMIN), not in the unprivileged test "
+        "container; the plan itself is tested on given figures (issue 50)",
+    ),
+    AllowedSkip(
+        "tests/integration/test_run_faults.py",
+        "needs a writable cgroup v1 memory hierarchy",
+        "a real OOM kill of one rank needs a memory cgroup of its own (root, cgroup v1 writable): not in the "
+        "unprivileged test container (issue 50)",
+    ),
 )
 
 

@@ -18,8 +18,11 @@ driver's parsed TrainConfig (worker_config.to_json), checked when read back, tra
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from yolov5_smddp import torch_patches
 from yolov5_smddp.commands.train import run_config
 from yolov5_smddp.config import worker_config
 from yolov5_smddp.config.train_config import TrainConfig
+from yolov5_smddp.distributed import blame
 from yolov5_smddp.distributed.process_group import DistInfo
 from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
 
@@ -167,6 +171,8 @@ def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     program, args = worker_command(config)
+    cgroup = blame.own_memory_cgroup()
+    oom_before = blame.oom_kills(cgroup)
     # USE_LIBUV=0: a torch built without libuv (Debian's, in the local stand-in); the static rendezvous
     # ignores the variable and would fail at once
     store = torch_patches.static_store_without_libuv() if environ.get("USE_LIBUV") == "0" else nullcontext()
@@ -178,19 +184,43 @@ def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: 
     except SignalException:
         return EXIT_INTERRUPTED
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        message = failure.message
-        if isinstance(message, dict):
-            message = message.get("message", "")
-        detail = " ".join(str(message).split()) if message else "see the worker's error in the log above"
-        if "To enable traceback" in detail:
-            detail = "see the worker's error in the log above"
+        chosen = blame.blame([_failed(rank, failure) for rank, failure in exc.failures.items()])
+        oom_after = blame.oom_kills(cgroup)
+        oom_killed = oom_before is not None and oom_after is not None and oom_after > oom_before
         raise WorkerFailed(
-            f"training worker rank {rank} (node {plan.node_rank} of {plan.nnodes}) exited with code "
-            f"{failure.exitcode}: {detail}",
-            failure.exitcode,
+            f"training worker rank {chosen.rank} on host {socket.gethostname()} (node {plan.node_rank} of "
+            f"{plan.nnodes}) {blame.cause_words(chosen, oom_killed=oom_killed)}",
+            chosen.exitcode,
         ) from exc
+    except RuntimeError as exc:  # torch's DistNetworkError: the rendezvous store could not listen
+        busy = port_in_use(exc, plan.master_addr, plan.master_port)
+        if busy is None:
+            raise
+        raise busy from exc
     return 0
+
+
+def port_in_use(exc: BaseException, addr: str, port: int) -> ConfigError | None:
+    """The one-line ConfigError for a store that could not listen on a busy master port; None for any
+    other error."""
+    text = str(exc)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    return ConfigError(
+        f"the master port {port} on {addr} is already in use (another job or process listens there): "
+        "give a free one with --master-port (or MASTER_PORT), or end that process"
+    )
+
+
+def _failed(rank: int, failure) -> blame.Failed:
+    """torch's ProcessFailure as blame.Failed (its message: the worker's recorded error, or empty)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = " ".join(str(message or "").split())
+    if "To enable traceback" in text or text.startswith("Signal "):
+        text = ""
+    return blame.Failed(rank, int(failure.exitcode), text, int(getattr(failure, "timestamp", 0) or 0))
 
 
 SIGTERM_GRACE_S = 115.0
@@ -212,8 +242,32 @@ def _process_environment(environ: Mapping[str, str]) -> Iterator[None]:
 
 
 def _run_worker(argv: list[str]) -> int:
+    """One elastic worker. A known problem (bad input, an output that cannot be written, memory) is one
+    line on stderr and in the agent's error file, and exit 2, as in one process; anything else raises
+    (torch's `record` writes its traceback for the agent)."""
+    try:
+        return run_config(read_worker_args(argv))
+    except Exception as exc:
+        from yolov5_smddp.sagemaker import failure  # it imports this module
 
-    return run_config(read_worker_args(argv))
+        if not failure.is_known_problem(exc):
+            raise
+        line = failure.error_line(exc)
+        print(line, file=sys.stderr, flush=True)
+        write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), line.removeprefix("error: "))
+        return failure.exit_code(exc)
+
+
+def write_error_file(path: str | None, message: str) -> None:
+    """The agent's error file for this worker (torch elastic's format: a message and its time), which the
+    launching side's failure reason quotes; nothing without a path."""
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"message": message, "timestamp": int(time.time())}, handle)
+    except OSError as exc:
+        print(f"could not write the worker's error file {path}: {exc}", file=sys.stderr, flush=True)
 
 
 def _worker_main(argv: Sequence[str]) -> int:

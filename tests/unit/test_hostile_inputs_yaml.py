@@ -47,7 +47,7 @@ CASES = {
     "custom_tag": ("lr0: !secret 1\n", "has the YAML tag '!secret' at line 1, column 6"),
     "int_70_bits": (
         f"lr0: {2**70}\n",
-        "has an integer beyond 64 bits at line 1, column 6 ('1180591620717411303424')",
+        "has an integer beyond 64 bits under the key 'lr0' at line 1, column 6 ('1180591620717411303424')",
     ),
     "syntax": (
         "names: [a, b\n",

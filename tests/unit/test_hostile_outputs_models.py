@@ -176,7 +176,7 @@ def test_a_hyp_file_with_a_400_digit_integer_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_hyp(str(path))
     assert str(caught.value) == (
-        f"--hyp file {path}: has an integer beyond 64 bits at line 1, column 6 ('{'1' * 40}')"
+        f"--hyp file {path}: has an integer beyond 64 bits under the key 'lr0' at line 1, column 6 ('{'1' * 40}')"
     )
 
 

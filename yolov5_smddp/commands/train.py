@@ -22,7 +22,7 @@ from yolov5_smddp.config.train_config import (
     config_from_namespace,
     parse_train_args,
 )
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import liveness, process_group
 from yolov5_smddp.distributed.process_group import DistInfo
 
 
@@ -50,8 +50,11 @@ def run_config(config: TrainConfig, info: DistInfo | None = None) -> int:
     dirs = resolve_output_dirs(config, Path.cwd())
     try:
         code = trainer.train(config, info, dirs)
-    except BaseException:
+    except BaseException as exc:
+        stopped = liveness.explain(exc)  # a failed collective: which rank stopped answering (bounded)
         process_group.teardown(None)  # bounded; the failure goes on to be reported
+        if stopped is not None:
+            raise stopped from exc
         raise
     # outputs are written: leave together, the store's host last; a stuck teardown ends this process
     # with `code` (yolov5_smddp.distributed.process_group.teardown)

@@ -4,7 +4,7 @@ Ours is an NPZ of plain arrays (no object arrays; read with allow_pickle=False) 
 cache folder (`default_cache_dir()` or --cache-dir; never under a dataset). Paths in it are RELATIVE to
 the dataset root and its file name is keyed by content, `yolov5-smddp-<sources>-<content>.labelcache.npz`:
 <sources> digests the image sources relative to the root, <content> the relative image paths, every
-image's size in bytes, a hash of every label file, the class count, the pixel limit and the format
+image's size in bytes and content mark (data/content_mark: its size and both ends), a hash of every label file, the class count, the pixel limit and the format
 version. So a cache built on a laptop is found again when the data is mounted elsewhere, two datasets
 never share a file, and an edited dataset gets a new file (the one it replaces is reported as stale and
 removed when it was built for the same root). A loaded cache is still checked against the files.
@@ -26,7 +26,7 @@ import io
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,8 @@ from numpy.lib import format as npy_format
 from yolov5_smddp.data.safe_pickle import UnsafePickle, inspect_pickle
 from yolov5_smddp.files.atomic import atomic_write
 
-CACHE_VERSION = 3  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM; 3: zero-area boxes dropped
+CACHE_VERSION = 4  # 2: pixel limit and header checks for BMP/TIFF/WebP/PFM; 3: zero-area boxes dropped;
+# 4: each image's content mark
 CACHE_SUFFIX = ".labelcache.npz"
 CACHE_FOLDER_NAME = "yolov5-smddp"
 _META_KEY = "meta"
@@ -61,6 +62,8 @@ class ScanTable:
     """int32 [N] number of label rows per pair."""
     labels: np.ndarray
     """float32 [M, 5] (cls, xc, yc, w, h) normalised, pairs' rows one after another."""
+    image_marks: list[str] = field(default_factory=list)
+    """[N] content mark of each image (data/content_mark); '' when it could not be read."""
 
 
 def label_hash(data: bytes) -> str:
@@ -73,9 +76,14 @@ def _example(items: list[str]) -> str:
 
 
 def stale_reason(
-    cached: ScanTable, images: list[str], image_bytes: np.ndarray, label_hashes: list[str]
+    cached: ScanTable,
+    images: list[str],
+    image_bytes: np.ndarray,
+    label_hashes: list[str],
+    image_marks: list[str] | None = None,
 ) -> str | None:
-    """Why `cached` does not describe the current files (relative paths, sizes, label hashes), or None."""
+    """Why `cached` does not describe the current files (relative paths, sizes, label hashes, and the
+    images' content marks when given), or None."""
     if cached.images != images:
         old, new = set(cached.images), set(images)
         added, removed = sorted(new - old), sorted(old - new)
@@ -88,6 +96,11 @@ def stale_reason(
     resized = [images[i] for i in np.flatnonzero(cached.image_bytes != image_bytes)]
     if resized:
         return f"{_example(resized)} images changed size"
+    if image_marks is not None:
+        old_marks = cached.image_marks if len(cached.image_marks) == len(images) else [None] * len(images)
+        changed = [images[i] for i, (a, b) in enumerate(zip(old_marks, image_marks)) if a != b]
+        if changed:
+            return f"{_example(changed)} images changed content"
     edited = [images[i] for i, (a, b) in enumerate(zip(cached.label_hashes, label_hashes)) if a != b]
     if edited:
         return f"labels of {_example(edited)} images edited, added or removed"
@@ -109,6 +122,7 @@ def save_cache(path: Path, table: ScanTable, *, root: Path) -> None:
             reasons=np.array(table.reasons, dtype=str),
             counts=table.counts.astype(np.int32),
             labels=table.labels.astype(np.float32).reshape(-1, 5),
+            image_marks=np.array(table.image_marks, dtype=str),
         )
 
 
@@ -134,6 +148,7 @@ def load_cache(path: Path) -> ScanTable:
                 reasons=npz["reasons"].tolist(),
                 counts=npz["counts"],
                 labels=npz["labels"].reshape(-1, 5),
+                image_marks=npz["image_marks"].tolist(),
             )
     except CacheRejected:
         raise
@@ -175,7 +190,13 @@ def sources_digest(rel_sources: list[str]) -> str:
 
 
 def content_digest(
-    images: list[str], image_bytes: np.ndarray, label_hashes: list[str], *, nc: int, max_pixels: int
+    images: list[str],
+    image_bytes: np.ndarray,
+    label_hashes: list[str],
+    *,
+    nc: int,
+    max_pixels: int,
+    image_marks: list[str] | None = None,
 ) -> str:
     """16 hex digits over everything a scan result depends on (see the module docstring)."""
     h = hashlib.blake2b(digest_size=8)
@@ -183,6 +204,8 @@ def content_digest(
     h.update("\n".join(images).encode("utf-8", "surrogateescape"))
     h.update(np.ascontiguousarray(image_bytes, dtype="<i8").tobytes())
     h.update("\n".join(label_hashes).encode())
+    if image_marks is not None:
+        h.update(("\n" + "\n".join(image_marks)).encode())
     return h.hexdigest()
 
 

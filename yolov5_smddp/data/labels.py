@@ -51,6 +51,7 @@ from yolov5_smddp.data.cache import (
     stale_reason,
 )
 from yolov5_smddp.data.coco import build_coco_index, is_coco_json
+from yolov5_smddp.data.content_mark import image_marks
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, ImageProblem, read_image_info
 from yolov5_smddp.data.index import LabelIndex, ScanReport
 from yolov5_smddp.errors import DataError
@@ -373,15 +374,18 @@ def build_label_index(
     rel_images = [_relative(img, root_str) for img in images]
     image_bytes = np.array([size for size, _ in fingerprints], dtype=np.int64)
     hashes = [_fingerprint_hash(data) for _, data in fingerprints]
+    marks = _parallel(image_marks, images, workers)
 
     by_sources = sources_digest(sorted(_relative(str(s), root_str) for s in sources))
-    content = content_digest(rel_images, image_bytes, hashes, nc=nc, max_pixels=max_pixels)
+    content = content_digest(rel_images, image_bytes, hashes, nc=nc, max_pixels=max_pixels, image_marks=marks)
     target = cache_dir / cache_file_name(by_sources, content)
-    table = _load_valid(target, rel_images, image_bytes, hashes, cache_policy)
+    table = _load_valid(target, rel_images, image_bytes, hashes, cache_policy, marks)
     if table is not None:
         return _index_from_table(table, images, root, sources, target, "loaded")
 
-    stale = _stale_siblings(target, by_sources, root_str, rel_images, image_bytes, hashes, cache_policy)
+    stale = _stale_siblings(
+        target, by_sources, root_str, rel_images, image_bytes, hashes, cache_policy, marks
+    )
     with ThreadPoolExecutor(max(workers, 1)) as pool:
         n = len(images)
         results = list(
@@ -398,20 +402,26 @@ def build_label_index(
         reasons=[r.reason for r in results],
         counts=np.array([len(r.labels) for r in results], dtype=np.int32),
         labels=np.concatenate([r.labels for r in results]) if results else np.zeros((0, 5), np.float32),
+        image_marks=marks,
     )
     cache_path, cache_state = _write_cache(table, root, target, stale)
     return _index_from_table(table, images, root, sources, cache_path, cache_state)
 
 
 def _load_valid(
-    path: Path, images: list[str], image_bytes: np.ndarray, hashes: list[str], cache_policy: str
+    path: Path,
+    images: list[str],
+    image_bytes: np.ndarray,
+    hashes: list[str],
+    cache_policy: str,
+    marks: list[str] | None = None,
 ) -> ScanTable | None:
     """Our cache at `path` when it exists and describes the files, else None (a bad one is reported)."""
     if not path.is_file():
         return None
     try:
         cached = load_cache(path)
-        reason = stale_reason(cached, images, image_bytes, hashes)
+        reason = stale_reason(cached, images, image_bytes, hashes, marks)
     except CacheRejected as exc:
         reason = str(exc)
     if reason is None:
@@ -430,6 +440,7 @@ def _stale_siblings(
     image_bytes: np.ndarray,
     hashes: list[str],
     cache_policy: str,
+    marks: list[str] | None = None,
 ) -> list[Path]:
     """Our caches for the same sources built under this same root for files that have changed since:
     each is reported (strict: a DataError) and returned, to be replaced by `target`. Siblings built under
@@ -440,7 +451,7 @@ def _stale_siblings(
         if built_under(path) != root:
             continue
         try:
-            reason = stale_reason(load_cache(path), images, image_bytes, hashes)
+            reason = stale_reason(load_cache(path), images, image_bytes, hashes, marks)
         except CacheRejected as exc:
             reason = str(exc)
         if reason is None:

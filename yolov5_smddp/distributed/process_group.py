@@ -345,18 +345,29 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
     # Our own TCPStore: SMDDP's mpirun launcher exports neither RANK nor MASTER_*, and torch's env://
     # client ignores USE_LIBUV under torchrun. Rank 0 hosts the store unless torchrun's agent does.
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        info.master_addr,
-        info.master_port,
-        info.world_size,
-        is_master=info.rank == 0 and not info.agent_store,
-        timeout=timeout,
-        use_libuv=info.use_libuv,
-    )
+    try:
+        store = dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            is_master=info.rank == 0 and not info.agent_store,
+            timeout=timeout,
+            use_libuv=info.use_libuv,
+        )
+    except RuntimeError as exc:
+        from yolov5_smddp.launch import port_in_use  # a busy master port: one line, exit 2 (issue 50)
+
+        busy = port_in_use(exc, info.master_addr, info.master_port)
+        if busy is None:
+            raise
+        raise busy from exc
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
     )
     _state.update(store=store, store_host=None if info.agent_store else 0)  # for teardown()
+    from yolov5_smddp.distributed import liveness  # a hung rank is named when a collective fails (issue 50)
+
+    liveness.start(store, info.rank, info.world_size, timeout_s)
     return device
 
 
@@ -458,6 +469,9 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
     if not is_initialized():
         _forget()
         return
+    from yolov5_smddp.distributed import liveness
+
+    liveness.stop()  # no heartbeat into a store being closed
     succeeded = exit_code is not None
     limit = limit_s if limit_s is not None else TEARDOWN_LIMIT_S if succeeded else FAILED_TEARDOWN_LIMIT_S
     where, main, started = f"rank {rank()} of {world_size()}", is_main(), time.monotonic()

@@ -78,9 +78,28 @@ def read_limited(path: Path | str, limit: int, *, what: str = "file") -> bytes:
         if size > limit:
             raise UnreadableFile(f"a {size:,}-byte {what}, over the limit of {limit:,} bytes")
         try:
-            data = f.read(limit + 1)  # a file that grew since fstat is still read no further
+            data = _read_chunks(f, limit)
         except OSError as exc:
             raise UnreadableFile(f"cannot be read: {exc.strerror or exc}") from None
-    if len(data) > limit:
+    if data is None:
         raise UnreadableFile(f"a {what} of more than {limit:,} bytes, over the limit of {limit:,} bytes")
     return data
+
+
+CHUNK_BYTES = 1024 * 1024
+"""What one read asks for: memory grows with what the file holds, never with the limit (a 1 KB JSON under
+COCO's 4 GiB limit reserves 1 MiB, not 4 GiB, so it reads under `ulimit -v` or strict overcommit)."""
+
+
+def _read_chunks(f: BinaryIO, limit: int) -> bytes | None:
+    """All of `f` in reads of at most CHUNK_BYTES, or None once it holds more than `limit` bytes (a file
+    that grew since its fstat is still read no further than limit + 1)."""
+    parts: list[bytes] = []
+    total = 0
+    while total <= limit:
+        part = f.read(min(CHUNK_BYTES, limit + 1 - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return None if total > limit else b"".join(parts)

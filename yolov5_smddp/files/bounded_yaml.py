@@ -10,7 +10,8 @@ hang or a memory bomb. Before anything is built from it:
   file of a few hundred bytes expands to 10^9), and no alias refers to a node that contains it;
 - explicit tags (`!!python/object/apply:os.system`, `!!binary`, `!custom`) are refused: plain YAML
   scalars, lists and mappings are all a config needs;
-- integers beyond 64 bits are refused (they overflow wherever they are used).
+- integers beyond 64 bits are refused (they overflow wherever they are used); the message names the key
+  (`lr0`, `anchors[2][1]`) as well as the line and column.
 Scalars resolve as YAML 1.1 (PyYAML's safe loader): `yes`/`NO`/`off` are booleans; callers that need
 strings check their types.
 """
@@ -51,6 +52,7 @@ class _BoundedLoader(yaml.SafeLoader):
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self._depth = 0
+        self.key_of: dict[int, str] = {}  # id(scalar node) -> its key path, for messages
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
@@ -69,7 +71,9 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_yaml_int(self, node: Any) -> int:
         value = super().construct_yaml_int(node)
         if abs(value) >= 2**MAX_INT_BITS:
-            raise _Refused(f"has an integer beyond 64 bits{_at(node)} ({node.value[:40]!r})")
+            key = self.key_of.get(id(node))
+            named = f" under the key {key!r}" if key else ""
+            raise _Refused(f"has an integer beyond 64 bits{named}{_at(node)} ({node.value[:40]!r})")
         return value
 
 
@@ -105,6 +109,28 @@ def _expanded_nodes(root: Any) -> int:
     return size(root)  # depth is bounded by MAX_DEPTH, so this recursion is too
 
 
+def _key_paths(root: Any) -> dict[int, str]:
+    """id(scalar node) -> where it sits ("lr0", "anchors[2][1]"), each node visited once (aliases are
+    shared, and MAX_NODES has bounded the document already)."""
+    paths: dict[int, str] = {}
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = str(key_node.value)[:40] if isinstance(key_node, yaml.ScalarNode) else "?"
+                stack.append((value_node, f"{path}.{key}" if path else key))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node.value))
+        elif path:
+            paths[id(node)] = path
+    return paths
+
+
 def parse_yaml(text: str, origin: str, error: type[Exception]) -> Any:
     """The YAML document `text` as Python objects; `error(f"{origin}: <reason>")`, one line, when it is
     not valid YAML or exceeds a bound."""
@@ -115,6 +141,7 @@ def parse_yaml(text: str, origin: str, error: type[Exception]) -> Any:
             return None
         if _expanded_nodes(node) > MAX_NODES:
             raise _Refused(f"expands to more than {MAX_NODES:,} nodes through its aliases (*name)")
+        loader.key_of = _key_paths(node)
         return loader.construct_document(node)
     except _Refused as exc:
         raise error(f"{origin}: {exc}") from None

@@ -8,7 +8,8 @@ traceback in the log, and a non-zero exit code:
   any failed program),
 - a worker's own exit code when one failed (WorkerFailed),
 - SystemExit's integer code (argparse: 2),
-- 2 (EXIT_USER_ERROR) for a UserError (bad option, dataset, weights) and for an output that cannot be
+- 2 (EXIT_USER_ERROR) for memory exhaustion (out_of_memory: MemoryError, oneDNN's "could not create a
+  primitive", CUDA out of memory; one line naming memory and what to change), for a UserError (bad option, dataset, weights) and for an output that cannot be
   written (OutputError, or an OSError such as ENOSPC: a full disk, a read-only folder): the input or the
   job's storage must change; one `error:` line in the log, no traceback (it goes to the debug log),
 - 1 (EXIT_INTERNAL_ERROR) for anything else.
@@ -30,6 +31,7 @@ from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, DataError, Output
 from yolov5_smddp.files.atomic import atomic_write
 from yolov5_smddp.launch import WorkerFailed
 from yolov5_smddp.sagemaker.env import default_failure_file
+from yolov5_smddp.train.out_of_memory import as_memory_problem
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,14 @@ def _full_disk_advice(text: str) -> str:
     return f": {FULL_DISK_ADVICE}" if any(mark in text for mark in FULL_DISK_MARKS) else ""
 
 
+def _known(exc: BaseException) -> BaseException:
+    """`exc`, or the MemoryExhausted it stands for."""
+    return as_memory_problem(exc) or exc
+
+
 def failure_reason(exc: BaseException) -> str:
     """One paragraph for /opt/ml/output/failure: what failed, which file/value, what to do."""
+    exc = exc if isinstance(exc, WorkerFailed) else _known(exc)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, WorkerFailed):
         return (
@@ -75,7 +83,9 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, UserError):
         kind = {ConfigError: "Invalid hyperparameter or option", DataError: "Dataset problem"}.get(
             type(exc),
-            getattr(exc, "kind", "Invalid input"),  # out_of_memory.OutOfMemory: "Out of memory"
+            getattr(
+                exc, "kind", "Invalid input"
+            ),  # out_of_memory's MemoryExhausted / OutOfMemory: "Out of memory"
         )
         return f"{kind}: {text}"
     return (
@@ -91,19 +101,19 @@ def exit_code(exc: BaseException) -> int:
     worker_code = getattr(exc, "exitcode", 0)
     if isinstance(worker_code, int) and worker_code > 0:
         return worker_code
-    if isinstance(exc, UserError) or as_output_error(exc) is not None:
+    if isinstance(_known(exc), UserError) or as_output_error(exc) is not None:
         return EXIT_USER_ERROR
     return EXIT_INTERNAL_ERROR
 
 
 def is_known_problem(exc: BaseException) -> bool:
     """A bad input or an output that cannot be written: reported in one line, no traceback."""
-    return isinstance(exc, UserError) or as_output_error(exc) is not None
+    return isinstance(_known(exc), UserError) or as_output_error(exc) is not None
 
 
 def error_line(exc: BaseException) -> str:
     """The one `error:` line of a known problem (is_known_problem)."""
-    problem = as_output_error(exc) or exc
+    problem = as_output_error(exc) or _known(exc)
     return "error: " + " ".join(str(problem).split())
 
 

@@ -158,6 +158,7 @@ def build_loaders(
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
+    workers = shm_workers(workers, per_rank, config.imgsz, info)
     train_pixels, val_pixels = disk_caches(config, bundle, cache_dir, main=info.rank == 0)
     dataset_class = YoloDataset
     if config.loader == "gpu":  # issue 40: the workers read bytes, the device decodes and augments
@@ -195,6 +196,18 @@ def build_loaders(
         train_loader = wrap_loader(train_loader)
     val_loader = val_shard_loader(config, bundle, hyp, per_rank, info, stride, workers, val_pixels)
     return train_loader, val_loader, workers
+
+
+def shm_workers(workers: int, per_rank: int, imgsz: int, info) -> int:
+    """`workers`, or fewer when /dev/shm cannot hold their batches (data/shm_budget: one line says so)."""
+    from yolov5_smddp.data.shm_budget import plan_workers, shm_free_bytes
+
+    plan = plan_workers(
+        workers, per_rank=per_rank, imgsz=imgsz, local_ranks=info.local_world_size, shm_free=shm_free_bytes()
+    )
+    if plan.line and info.local_rank == 0:
+        log.warning("%s", plan.line)
+    return plan.workers
 
 
 def val_shard_loader(
