@@ -407,7 +407,7 @@ def test_mpirun_local_size_from_the_jobs_hosts_when_given():
 # ---- teardown (issue 10): bounded, the store's host last, a watchdog that ends a stuck rank
 
 _ONE_RANK = (
-    "import os, socket; from yolov5_smddp import distributed; "
+    "import os, socket; from yolov5_smddp.distributed import process_group; "
     "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close(); "
     "info = process_group.DistInfo(0, 0, 1, 1, 0, '127.0.0.1', port, 'mpirun', "
     "use_libuv=os.environ.get('USE_LIBUV', '1') == '1'); "
