@@ -49,6 +49,7 @@ from yolov5_smddp.data.augment import PAD_VALUE
 from yolov5_smddp.data.bytes_dataset import ImagePlan, SamplePlan, TileSource
 from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.data.decode import ImageProblem
+from yolov5_smddp.data.device_streams import DecodeStreams
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ class GpuBatcher:
         self.pixel_staging = _Staging(self.device, max_staging_bytes)  # worker-decoded tiles (cached, PNG...)
         self.chunk = max(int(chunk), 1)
         self.counter = counter  # the dataset's shared undecodable_samples, or None
+        self.streams = DecodeStreams(self.device)  # the decode ordered against the queued training step
         self.stats = GpuBatchStats()
         self.bad: dict[int, str] = {}  # dataset index -> why it cannot be decoded (this process)
         self._fallback_logged = False
@@ -268,10 +270,15 @@ class GpuBatcher:
         """One batched decode; on refusal each file alone; None for a file the device does not take."""
         views = self.staging.views([t.data for t in tiles])
         self.stats.staging_bytes = self._pinned_bytes()
+        out = self.streams.run(lambda: self._decode_views(views))  # a side stream (data.device_streams)
+        self.staging.mark_used()
+        return out
+
+    def _decode_views(self, views: list[torch.Tensor]) -> list[torch.Tensor | None]:
         try:
             if not BATCHED_DECODE:
                 raise RuntimeError("this torchvision decodes one file per call")
-            out = list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
+            return list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
         except RuntimeError:
             out = []
             for v in views:
@@ -279,8 +286,7 @@ class GpuBatcher:
                     out.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=self.device))
                 except RuntimeError:
                     out.append(None)
-        self.staging.mark_used()
-        return out
+            return out
 
     def _pinned_bytes(self) -> int:
         held = [
