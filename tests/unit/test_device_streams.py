@@ -100,3 +100,37 @@ def test_the_gpu_batcher_decodes_through_its_streams(monkeypatch):
     object.__setattr__(tile, "data", jpeg.reshape(-1))
     out = batcher._decode_group([tile])
     assert calls == [1] and out[0].shape == (3, 16, 16)
+
+
+def test_gpu_loader_counts_only_the_host_wait_as_waiting(monkeypatch):
+    """Issue 52 item 5: the device decode/augment run inside next(loader) is device work, not a wait on
+    the host; the training loop subtracts it (pop_issue_seconds) from its data_wait."""
+    import time
+
+    from yolov5_smddp.data import gpu_batch
+
+    class _Inner:
+        dataset = None
+        collate_fn = None
+
+        def __iter__(self):
+            for i in range(3):
+                time.sleep(0.02)  # the workers
+                yield i
+
+        def __len__(self):
+            return 3
+
+    class _Batcher:
+        def assemble(self, batch):
+            time.sleep(0.06)  # the device decode and augmentation being issued
+            return batch
+
+    loader = gpu_batch.GpuLoader(_Inner(), "cpu")
+    loader.batcher = _Batcher()
+    loader._reported = True
+    assert list(loader) == [0, 1, 2]
+    issued = loader.pop_issue_seconds()
+    assert loader.host_wait_s >= 0.05 and issued >= 0.17  # 3 x 20 ms waited, 3 x 60 ms issued
+    assert loader.host_wait_s < issued  # the issue time is not in the wait (sleeps only ever run long)
+    assert loader.pop_issue_seconds() == 0.0

@@ -526,6 +526,9 @@ class GpuLoader:
         self._batcher_kwargs = batcher_kwargs
         self.batcher: GpuBatcher | None = None
         self._reported = False
+        self.host_wait_s = 0.0
+        """seconds blocked on the CPU workers (the host), summed over every batch."""
+        self._issue_s = 0.0  # seconds issuing the device decode/augment since `pop_issue_seconds`
 
     def _ensure_batcher(self) -> GpuBatcher:
         if self.batcher is None:
@@ -540,11 +543,28 @@ class GpuLoader:
 
     def __iter__(self):
         batcher = self._ensure_batcher()
-        for batch in self._loader:
-            yield batcher.assemble(batch)
+        inner = iter(self._loader)
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(inner)
+            except StopIteration:
+                break
+            fetched = time.perf_counter()
+            self.host_wait_s += fetched - began
+            out = batcher.assemble(batch)
+            self._issue_s += time.perf_counter() - fetched
+            yield out
         if not self._reported:  # after the first pass, once
             self._reported = True
             log.info("rank %d: %s", getattr(self._loader, "rank", 0), describe(batcher.stats))
+
+    def pop_issue_seconds(self) -> float:
+        """Host seconds spent issuing the device decode and augmentation since the last call: device work,
+        not waiting for data. The training loop takes them out of its data_wait, so "busy" is the share of
+        the time the step is not waiting on the host (the workers)."""
+        issued, self._issue_s = self._issue_s, 0.0
+        return issued
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -378,6 +378,7 @@ def train_one_epoch(
     count = 0
     stopped = False
     loader_iter = iter(loader)
+    pop_issue = getattr(loader, "pop_issue_seconds", None)
     while True:
         waited = time.perf_counter()
         try:
@@ -385,6 +386,8 @@ def train_one_epoch(
         except StopIteration:
             break
         waited = time.perf_counter() - waited
+        if pop_issue is not None:  # --loader gpu: its device decode/augment is work, not a wait
+            waited = max(waited - pop_issue(), 0.0)
         settings = settings_for(iteration)
         apply_settings(step.optimizer, settings)
         sync = iteration - last_optimizer_iteration >= settings.accumulate

@@ -17,15 +17,19 @@ the latter's), and pass everything through untouched under any other backend.
 The backend itself (issue 52) is `StrictGroup`, a Python `ProcessGroup` around a Gloo group: torch uses a
 Python ProcessGroup returned by a registered creator as the process group itself, so EVERY collective it
 is asked for goes through its methods, DDP's C++ ones included (the parameter-shape check and parameter
-broadcast at construction, the reducer's gradient all-reduce, the per-forward buffer broadcast when
-broadcast_buffers=True). On the wire it allows float32 only; int64 only inside DDP's constructor (its
-parameter metadata: shapes and strides gathered once), anything else raises `SmddpUnsupported`. Every call
-is recorded in `SEEN` as (collective, dtype, inside DDP's constructor) for the tests.
+broadcast at construction, the reducer's gradient all-reduce and its one bucket rebuild, the per-forward
+buffer broadcast when broadcast_buffers=True). On the wire it allows float32 only, and DDP's own
+bookkeeping, which AWS's "keep DDP unchanged" covers: int64 inside DDP's constructor (parameter shapes and
+strides gathered once) and int32 in the reducer's one bucket rebuild (bucket indices broadcast from rank 0
+before the second forward). Anything else raises `SmddpUnsupported`. Every call is recorded in `SEEN` as
+(collective, dtype, context: "construction", "bucket rebuild" or "") for the tests.
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
+import sys
 import threading
 
 import torch
@@ -73,16 +77,28 @@ class SmddpUnsupported(RuntimeError):
 
 
 WIRE_DTYPES = (torch.float32,)
-"""What may cross the wire outside DDP's constructor (yolov5_smddp.distributed.process_group encodes everything else)."""
-CONSTRUCTION_DTYPES = (torch.float32, torch.int64)
-"""Inside DDP's constructor: its int64 parameter metadata (shapes and strides) too."""
-SEEN: list[tuple[str, str, bool]] = []
-"""(collective, dtype, inside DDP's constructor) for every tensor the process group was given."""
+"""What may cross the wire outside DDP's bookkeeping (yolov5_smddp.distributed.process_group encodes everything else)."""
+BOOKKEEPING_DTYPES = {
+    "construction": (torch.float32, torch.int64),  # parameter metadata (shapes, strides)
+    "bucket rebuild": (torch.float32, torch.int32),  # the reducer's bucket indices and sizes
+}
+SEEN: list[tuple[str, str, str]] = []
+"""(collective, dtype, DDP bookkeeping context or "") for every tensor the process group was given."""
 _ddp_init = threading.local()
 
 
-def _in_ddp_construction() -> bool:
-    return getattr(_ddp_init, "depth", 0) > 0
+def _ddp_context() -> str:
+    """ "construction" inside DDP's constructor; "bucket rebuild" while DDP's forward runs the reducer's
+    `_rebuild_buckets()` (a C++ call: the Python frame that made it is on that line); else ""."""
+    if getattr(_ddp_init, "depth", 0) > 0:
+        return "construction"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.endswith("distributed.py") and "_rebuild_buckets(" in linecache.getline(name, frame.f_lineno):
+            return "bucket rebuild"
+        frame = frame.f_back
+    return ""
 
 
 class StrictGroup(dist.ProcessGroup):
@@ -96,12 +112,12 @@ class StrictGroup(dist.ProcessGroup):
         return "smddp"
 
     def _check(self, name: str, tensors) -> None:
-        inside = _in_ddp_construction()
-        allowed = CONSTRUCTION_DTYPES if inside else WIRE_DTYPES
+        context = _ddp_context()
+        allowed = BOOKKEEPING_DTYPES.get(context, WIRE_DTYPES)
         for tensor in tensors:
-            SEEN.append((name, str(tensor.dtype), inside))
+            SEEN.append((name, str(tensor.dtype), context))
             if tensor.layout != torch.strided or tensor.dtype not in allowed:
-                where = "inside DDP's constructor" if inside else "outside DDP's constructor"
+                where = f"in DDP's {context}" if context else "outside DDP's own bookkeeping"
                 raise SmddpUnsupported(
                     f"smddp stand-in: the process group was asked for {name} on a {tensor.dtype} tensor "
                     f"{where}; only {', '.join(str(d) for d in allowed)} may cross the wire there"
@@ -129,7 +145,7 @@ class StrictGroup(dist.ProcessGroup):
         return self._gloo.alltoall_base(*args, opts) if opts is not None else self._gloo.alltoall_base(*args)
 
     def barrier(self, opts=None):
-        SEEN.append(("barrier", "", _in_ddp_construction()))
+        SEEN.append(("barrier", "", _ddp_context()))
         return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
 
     def _refuse(self, name: str):
