@@ -39,3 +39,26 @@ def test_summary_fails_a_check_by_exit_code_or_by_its_verdict(tmp_path):
     text = (tmp_path / "s.md").read_text()
     assert "| resume | resume across AMP modes | 1 | 9 | FAILED |" in text
     assert "| fp16 | 5 | 10 | 2.00 |" in text
+
+
+def test_the_teardown_thread_runs_on_the_rank_device(monkeypatch):
+    """Issue 52 item 4: teardown's bounded thread sets the rank's CUDA device before leaving the group
+    (a new thread starts on device 0)."""
+    import threading
+
+    import torch
+
+    from yolov5_smddp.distributed import process_group
+
+    calls = []
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: calls.append(("set", str(d), threading.current_thread().name))
+    )
+    work = process_group.on_device(
+        torch.device("cuda", 3), lambda: calls.append(("work", threading.current_thread().name))
+    )
+    assert process_group.run_bounded(work, 30.0)
+    assert calls == [("set", "cuda:3", "yolov5-smddp-teardown"), ("work", "yolov5-smddp-teardown")]
+    calls.clear()
+    process_group.on_device(torch.device("cpu"), lambda: calls.append("work"))()
+    assert calls == ["work"]
