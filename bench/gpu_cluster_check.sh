@@ -50,6 +50,8 @@ check() {  # check NAME LIMIT_S WHAT COMMAND...: run it, log to $results/NAME.lo
     local rc=$?
     tail -n 3 "$results/$name.log"
     printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" "$what" >>"$work/checks.tsv"
+    # the summary so far: a caller's cap that ends this script early still finds what ran (bench/gpu_all.sh)
+    "$python" -m bench.cluster_check summary "$work" "$results/summary.md" "$results/summary.json" >/dev/null 2>&1
 }
 
 train_args=(--cfg yolov5n --data "$data" --imgsz "$imgsz" --batch-size "$batch" --workers 2 --noplots
@@ -61,6 +63,11 @@ check train1 90 "1-rank $backend training, --epochs 2 --amp $first_amp (torchrun
     "$python" -m bench.cluster_check stopped "$work/train1.out" "$work/train1.json" "$work/run/ckpt/last.pt" 2 \
     "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 1 -m yolov5_smddp train "${train_args[@]}" \
     --epochs 2 --amp "$first_amp"
+
+check resume 90 "resume the stopped --amp $first_amp run (epoch 2 of 2) under --amp $resumed_amp" \
+    "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 1 -m yolov5_smddp train "${train_args[@]}" \
+    --epochs 2 --amp "$resumed_amp" \
+    --resume "$work/run/ckpt/last.pt"
 
 check ddp2 75 "2 ranks on one device: Gloo with $([ "${SMOKE:-0}" = 1 ] && echo CPU || echo CUDA) tensors, DDP steps" \
     "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 2 -m bench.cluster_check ddp2 "$work/ddp2.json" "$steps" "$imgsz" "$batch"
@@ -80,11 +87,6 @@ check val 100 "sharded val: 1 rank, then 2 ranks, both Gloo on the same device, 
 
 check syncs 75 "host syncs per training step ($sync_amps), torch.cuda.set_sync_debug_mode" \
     "$python" -m bench.cluster_check syncs "$work/syncs.json" "$sync_amps" "$steps" "$imgsz" "$batch"
-
-check resume 90 "resume the stopped --amp $first_amp run (epoch 2 of 2) under --amp $resumed_amp" \
-    "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 1 -m yolov5_smddp train "${train_args[@]}" \
-    --epochs 2 --amp "$resumed_amp" \
-    --resume "$work/run/ckpt/last.pt"
 
 echo "== summary ($((SECONDS - start))s in all; results in $results)"
 "$python" -m bench.cluster_check summary "$work" "$results/summary.md" "$results/summary.json" || exit 1
