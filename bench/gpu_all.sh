@@ -81,17 +81,13 @@ skip() {  # skip NAME WHY
     echo "== $1 skipped: $2"
     printf '%s\tskip\t0\t%s\n' "$1" "$2" >>"$work/phases.tsv"
 }
-bench_train() {  # bench_train JSON ARGS...
-    local json=$1
-    shift
-    "$python" -m yolov5_smddp bench train --device "$device" --imgsz "$imgsz" --iters "$iters" \
-        --warmup "$warmup" --json "$json" "$@"
-}
+# `bench train` as each phase runs it (then --json FILE and the phase's own options)
+bench_train=("$python" -m yolov5_smddp bench train --device "$device" --imgsz "$imgsz" --iters "$iters" --warmup "$warmup")
 
-phase mfu "$cap_mfu" bench_train "$work/mfu.json" --cfg "$mfu_cfg.yaml" --batch-per-gpu "$mfu_batch" \
+phase mfu "$cap_mfu" "${bench_train[@]}" --json "$work/mfu.json" --cfg "$mfu_cfg.yaml" --batch-per-gpu "$mfu_batch" \
     --amp "$mfu_amp" --channels-last on --loader device --data synthetic
 
-phase release "$cap_ours" bench_train "$work/ours_release_cfg.json" --cfg "$rel_cfg.yaml" \
+phase release "$cap_ours" "${bench_train[@]}" --json "$work/ours_release_cfg.json" --cfg "$rel_cfg.yaml" \
     --batch-per-gpu "$rel_batches" --amp "$rel_amps" --channels-last on --loader device --data synthetic
 if [ -f "$release_src/yolov5/models/yolo.py" ]; then
     phase release_src "$cap_release" "$python" "$repo/bench/release_reference/release_step.py" \
@@ -102,7 +98,7 @@ else
 fi
 
 if "$python" -c 'import cv2' 2>/dev/null; then
-    phase real "$cap_real" bench_train "$work/real.json" --cfg "$real_cfg.yaml" --batch-per-gpu "$real_batch" \
+    phase real "$cap_real" "${bench_train[@]}" --json "$work/real.json" --cfg "$real_cfg.yaml" --batch-per-gpu "$real_batch" \
         --amp "$real_amp" --channels-last on --loader real --data synthetic --workers "$real_workers" \
         --iters "$real_iters"
     phase gpu_loader "$cap_gl" "$python" -m bench.gpu_loader_check "$work/gpu_loader.json" "$device" \

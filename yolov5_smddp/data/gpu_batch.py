@@ -20,7 +20,7 @@ Per batch, on the device (`GpuBatcher.assemble`):
 Pixels against the CPU path (cv2), measured on the CPU device (tests/unit/test_data_gpu_batch.py asserts
 these bounds with a margin; docs/PERFORMANCE.md "GPU data path"):
 - decode (libjpeg on the CPU device): identical. nvJPEG's IDCT/upsampling may differ by a few levels:
-  measured by bench/gpu_data_check.sh.
+  measured by bench/gpu_all.sh (its GPU loader phase).
 - resize at stored size / at 2x (DCT scale vs block average): see `PIXEL_BOUNDS`.
 - warp: cv2 quantises coordinates to 1/32 px and weights to 1/1024, grid_sample does not: see
   `PIXEL_BOUNDS`.
