@@ -45,7 +45,7 @@ def figures(work: Path) -> list[tuple[str, str, str, str]]:
         values = [r["mfu"] for r in mfu["results"] if r.get("mfu") is not None]
         best = max(values) if values else None
         r0 = mfu["results"][0]
-        label = f"MFU yolov5x {r0['amp']} b{r0['batch']} ({mfu.get('cfg', '')})"
+        label = f"MFU {mfu.get('cfg', '?').removesuffix('.yaml')} {r0['amp']} b{r0['batch']}"
     else:
         label = "MFU yolov5x bf16 b48"
     rows.append((label, _pct(best), ">= 40%", phases.get("mfu", "not run")))
@@ -74,11 +74,11 @@ def figures(work: Path) -> list[tuple[str, str, str, str]]:
                 f"release step b{batch} fp16 (ms)",
                 f"{step_ms:.1f} ms ({rate:.0f} img/s)",
                 "-",
-                phases.get("release", ""),
+                phases.get("release_src", ""),
             )
         )
     if not release_rate:
-        rows.append(("release step", "not measured", "-", phases.get("release", "not run")))
+        rows.append(("release step", "not measured", "-", phases.get("release_src", "not run")))
 
     real = _load(work / "real.json")
     busy = None
