@@ -62,3 +62,28 @@ def test_the_teardown_thread_runs_on_the_rank_device(monkeypatch):
     calls.clear()
     process_group.on_device(torch.device("cpu"), lambda: calls.append("work"))()
     assert calls == ["work"]
+
+
+def test_stopped_signals_the_run_at_the_end_of_epoch_1_and_checks_its_checkpoint(tmp_path):
+    """Issue 52 item 4: the cluster check's resume starts from a run stopped part-way (a finished run is
+    refused by --resume): the run is SIGTERMed at epoch 1's metric line, its last.pt must be epoch 1's."""
+    import json
+    import sys
+
+    import torch
+
+    ckpt = tmp_path / "last.pt"
+    torch.save({"epoch": 1}, ckpt)
+    job = (
+        "import sys, time\n"
+        "print('epoch=1 step=1 loss=1', flush=True)\n"
+        "print('epoch=1 epochs=2 box_loss=0.1', flush=True)\n"
+        "time.sleep(60)\n"
+        "print('epoch=2 epochs=2 box_loss=0.1', flush=True)\n"
+    )
+    out = tmp_path / "stopped.json"
+    cluster_check.stopped(str(tmp_path / "log"), str(out), str(ckpt), "2", sys.executable, "-c", job)
+    verdict = json.loads(out.read_text())
+    assert verdict["signalled_after_epoch_1"] and verdict["checkpoint_epoch"] == 1 and verdict["ok"]
+    assert verdict["exit"] != 0  # ended by the signal, not by finishing epoch 2
+    assert "epoch=2" not in (tmp_path / "log").read_text()
