@@ -166,8 +166,9 @@ def syncs(out: str, amps: str, steps: str, imgsz: str, batch: str) -> None:
 
 def stopped(log: str, out: str, ckpt: str, epochs: str, *cmd: str) -> None:
     """Run a training command and SIGTERM it (its process group: torchrun and its worker) at the end of
-    epoch 1 of `epochs` (the metric line "epoch=1 epochs=N"); ok when its last.pt is from after epoch 1,
-    a checkpoint a resume continues at epoch 2 (a finished run is refused by --resume)."""
+    epoch 1 of `epochs` (the metric line "epoch=1 epochs=N"); ok when its last.pt is part-way (after epoch
+    1, or a later one when a busy host read the line late, but before the last): a checkpoint a resume
+    continues (a finished run is refused by --resume)."""
     import signal
     import subprocess
 
@@ -194,7 +195,7 @@ def stopped(log: str, out: str, ckpt: str, epochs: str, *cmd: str) -> None:
             "signalled_after_epoch_1": signalled,
             "exit": code,
             "checkpoint_epoch": epoch,
-            "ok": signalled and epoch == 1,
+            "ok": signalled and epoch is not None and 1 <= epoch < int(epochs),
         },
     )
 

@@ -135,7 +135,7 @@ def figures(work: Path) -> list[tuple[str, str, str, str]]:
     cluster = _load(work / "cluster" / "summary.json")
     checks = {c["check"]: c for c in (cluster or {}).get("checks", [])}
     for name, label in (
-        ("train1", "cluster: --epochs 2 run stopped after epoch 1"),
+        ("train1", "cluster: --epochs 3 run stopped part-way"),
         ("resume", "resume check (stopped run, other AMP mode)"),
         ("val", "cluster: val 1 vs 2 ranks, same device"),
         ("ddp2", "cluster: 2 ranks, DDP"),

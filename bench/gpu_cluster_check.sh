@@ -2,7 +2,8 @@
 # The cluster path on one GPU (issue 36): 1-rank NCCL training (torchrun), 2 ranks on the one GPU (Gloo
 # carrying CUDA tensors: NCCL refuses two ranks on one device), sharded `val` equal at 1 and 2 ranks,
 # fp16 and bf16 training steps with torch.cuda.set_sync_debug_mode counting host syncs per step, and a
-# resume under fp16 of the bf16 --epochs 2 run stopped by SIGTERM after epoch 1 (issue 52). Runs from this checkout (PYTHONPATH, no install, no network) in
+# resume under fp16 of the bf16 --epochs 3 run stopped by SIGTERM after epoch 1 (issue 52). Runs from this
+# checkout (PYTHONPATH, no install, no network) in
 # about 4 minutes on an H100/H200 (each step has its own time limit; at most ~8 minutes in all).
 #
 #   bash bench/gpu_cluster_check.sh [RESULTS_DIR]     # default: $OUT, else ./bench-results-cluster
@@ -58,15 +59,16 @@ train_args=(--cfg yolov5n --data "$data" --imgsz "$imgsz" --batch-size "$batch" 
     --backend "$backend" --cache-dir "$work/cache" --model-dir "$work/run/model" --output-dir "$work/run/output"
     --checkpoint-dir "$work/run/ckpt")
 
-# a --epochs 2 run stopped (SIGTERM) at the end of epoch 1: the part-way checkpoint the resume step continues
-check train1 90 "1-rank $backend training, --epochs 2 --amp $first_amp (torchrun), stopped after epoch 1" \
-    "$python" -m bench.cluster_check stopped "$work/train1.out" "$work/train1.json" "$work/run/ckpt/last.pt" 2 \
+# a --epochs 3 run stopped (SIGTERM) at the end of epoch 1 (or 2, should a busy host read the line late):
+# the part-way checkpoint the resume step continues
+check train1 90 "1-rank $backend training, --epochs 3 --amp $first_amp (torchrun), stopped part-way" \
+    "$python" -m bench.cluster_check stopped "$work/train1.out" "$work/train1.json" "$work/run/ckpt/last.pt" 3 \
     "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 1 -m yolov5_smddp train "${train_args[@]}" \
-    --epochs 2 --amp "$first_amp"
+    --epochs 3 --amp "$first_amp"
 
-check resume 90 "resume the stopped --amp $first_amp run (epoch 2 of 2) under --amp $resumed_amp" \
+check resume 90 "resume the stopped --amp $first_amp run (to epoch 3) under --amp $resumed_amp" \
     "${torchrun[@]}" --master_port "$(free_port)" --nproc_per_node 1 -m yolov5_smddp train "${train_args[@]}" \
-    --epochs 2 --amp "$resumed_amp" \
+    --epochs 3 --amp "$resumed_amp" \
     --resume "$work/run/ckpt/last.pt"
 
 check ddp2 75 "2 ranks on one device: Gloo with $([ "${SMOKE:-0}" = 1 ] && echo CPU || echo CUDA) tensors, DDP steps" \
