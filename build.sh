@@ -207,15 +207,16 @@ cmd_test() {
     # the image; -rs lists every skip with its reason. OMP_NUM_THREADS=1: two suites share the host (and CI
     # hosts are busy): an OpenMP pool wider than the cores it gets spins and slows everything several-fold.
     local suite_start=$SECONDS names=() pids=() i rc failed=()
-    start_suite() {  # start_suite NAME IMAGE: in the background, output in $logs/suite<N>.log
+    start_suite() {  # start_suite NAME IMAGE SUITE: in the background, output in $logs/suite<N>.log
         local n=${#pids[@]}
         echo "== $1 (started after $((SECONDS - start)) s)" >&2
+        # YOLOV5_SMDDP_SUITE (main | dlc-versions): tests that need to run in one suite only read it
         docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 \
-            -e OMP_NUM_THREADS=1 "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
+            -e "YOLOV5_SMDDP_SUITE=$3" -e OMP_NUM_THREADS=1 "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
         pids+=($!)
         names+=("$1")
     }
-    start_suite "unit/integration tests on $test_image" "$test_image"
+    start_suite "unit/integration tests on $test_image" "$test_image" main
     if [[ -n $dlc_pid ]]; then
         local dlc_base dlc_image dlc_test_image
         local base_rc=0
@@ -230,7 +231,7 @@ cmd_test() {
             dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
             echo "== test image $dlc_test_image" >&2
             docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
-            start_suite "unit/integration tests on the DLC's versions ($dlc_test_image)" "$dlc_test_image"
+            start_suite "unit/integration tests on the DLC's versions ($dlc_test_image)" "$dlc_test_image" dlc-versions
         fi
     fi
     for i in "${!pids[@]}"; do

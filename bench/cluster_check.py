@@ -4,6 +4,7 @@
     python -m bench.cluster_check ddp2 OUT.json STEPS IMGSZ BATCH      # under torchrun --nproc_per_node 2
     python -m bench.cluster_check syncs OUT.json AMPS STEPS IMGSZ BATCH
     python -m bench.cluster_check compare-val ONE.json TWO.json OUT.json
+    python -m bench.cluster_check stopped LOG OUT.json LAST.pt EPOCHS COMMAND...   # SIGTERM after epoch 1
     python -m bench.cluster_check summary WORK_DIR SUMMARY.md SUMMARY.json
 
 ddp2: two ranks on the one GPU with Gloo carrying CUDA tensors (NCCL refuses two ranks on one device), the
@@ -163,6 +164,42 @@ def syncs(out: str, amps: str, steps: str, imgsz: str, batch: str) -> None:
     _write(out, {"device": str(device), "rows": rows, "ok": all(r["host_syncs"] in (None, 0) for r in rows)})
 
 
+def stopped(log: str, out: str, ckpt: str, epochs: str, *cmd: str) -> None:
+    """Run a training command and SIGTERM it (its process group: torchrun and its worker) at the end of
+    epoch 1 of `epochs` (the metric line "epoch=1 epochs=N"); ok when its last.pt is part-way (after epoch
+    1, or a later one when a busy host read the line late, but before the last): a checkpoint a resume
+    continues (a finished run is refused by --resume)."""
+    import signal
+    import subprocess
+
+    import torch
+
+    marker = f"epoch=1 epochs={epochs}"
+    with open(log, "w", encoding="utf-8") as sink:
+        proc = subprocess.Popen(
+            list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        signalled = False
+        for line in proc.stdout:
+            sink.write(line)
+            if not signalled and line.startswith(marker):
+                os.killpg(proc.pid, signal.SIGTERM)
+                signalled = True
+        code = proc.wait()
+    epoch = None
+    if Path(ckpt).is_file():
+        epoch = int(torch.load(ckpt, map_location="cpu", weights_only=True)["epoch"])
+    _write(
+        out,
+        {
+            "signalled_after_epoch_1": signalled,
+            "exit": code,
+            "checkpoint_epoch": epoch,
+            "ok": signalled and epoch is not None and 1 <= epoch < int(epochs),
+        },
+    )
+
+
 VAL_KEYS = ("precision", "recall", "mAP50", "mAP50-95")
 
 
@@ -242,6 +279,7 @@ COMMANDS = {
     "ddp2": ddp2,
     "syncs": syncs,
     "compare-val": compare_val,
+    "stopped": stopped,
     "summary": summary,
     "environment": environment,
 }

@@ -39,3 +39,51 @@ def test_summary_fails_a_check_by_exit_code_or_by_its_verdict(tmp_path):
     text = (tmp_path / "s.md").read_text()
     assert "| resume | resume across AMP modes | 1 | 9 | FAILED |" in text
     assert "| fp16 | 5 | 10 | 2.00 |" in text
+
+
+def test_the_teardown_thread_runs_on_the_rank_device(monkeypatch):
+    """Issue 52 item 4: teardown's bounded thread sets the rank's CUDA device before leaving the group
+    (a new thread starts on device 0)."""
+    import threading
+
+    import torch
+
+    from yolov5_smddp.distributed import process_group
+
+    calls = []
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: calls.append(("set", str(d), threading.current_thread().name))
+    )
+    work = process_group.on_device(
+        torch.device("cuda", 3), lambda: calls.append(("work", threading.current_thread().name))
+    )
+    assert process_group.run_bounded(work, 30.0)
+    assert calls == [("set", "cuda:3", "yolov5-smddp-teardown"), ("work", "yolov5-smddp-teardown")]
+    calls.clear()
+    process_group.on_device(torch.device("cpu"), lambda: calls.append("work"))()
+    assert calls == ["work"]
+
+
+def test_stopped_signals_the_run_at_the_end_of_epoch_1_and_checks_its_checkpoint(tmp_path):
+    """Issue 52 item 4: the cluster check's resume starts from a run stopped part-way (a finished run is
+    refused by --resume): the run is SIGTERMed at epoch 1's metric line, its last.pt must be epoch 1's."""
+    import json
+    import sys
+
+    import torch
+
+    ckpt = tmp_path / "last.pt"
+    torch.save({"epoch": 1}, ckpt)
+    job = (
+        "import sys, time\n"
+        "print('epoch=1 step=1 loss=1', flush=True)\n"
+        "print('epoch=1 epochs=2 box_loss=0.1', flush=True)\n"
+        "time.sleep(60)\n"
+        "print('epoch=2 epochs=2 box_loss=0.1', flush=True)\n"
+    )
+    out = tmp_path / "stopped.json"
+    cluster_check.stopped(str(tmp_path / "log"), str(out), str(ckpt), "2", sys.executable, "-c", job)
+    verdict = json.loads(out.read_text())
+    assert verdict["signalled_after_epoch_1"] and verdict["checkpoint_epoch"] == 1 and verdict["ok"]
+    assert verdict["exit"] != 0  # ended by the signal, not by finishing epoch 2
+    assert "epoch=2" not in (tmp_path / "log").read_text()

@@ -20,7 +20,7 @@ Per batch, on the device (`GpuBatcher.assemble`):
 Pixels against the CPU path (cv2), measured on the CPU device (tests/unit/test_data_gpu_batch.py asserts
 these bounds with a margin; docs/PERFORMANCE.md "GPU data path"):
 - decode (libjpeg on the CPU device): identical. nvJPEG's IDCT/upsampling may differ by a few levels:
-  measured by bench/gpu_data_check.sh.
+  measured by bench/gpu_all.sh (its GPU loader phase).
 - resize at stored size / at 2x (DCT scale vs block average): see `PIXEL_BOUNDS`.
 - warp: cv2 quantises coordinates to 1/32 px and weights to 1/1024, grid_sample does not: see
   `PIXEL_BOUNDS`.
@@ -49,6 +49,7 @@ from yolov5_smddp.data.augment import PAD_VALUE
 from yolov5_smddp.data.bytes_dataset import ImagePlan, SamplePlan, TileSource
 from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.data.decode import ImageProblem
+from yolov5_smddp.data.device_streams import DecodeStreams
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ class GpuBatcher:
         self.pixel_staging = _Staging(self.device, max_staging_bytes)  # worker-decoded tiles (cached, PNG...)
         self.chunk = max(int(chunk), 1)
         self.counter = counter  # the dataset's shared undecodable_samples, or None
+        self.streams = DecodeStreams(self.device)  # the decode ordered against the queued training step
         self.stats = GpuBatchStats()
         self.bad: dict[int, str] = {}  # dataset index -> why it cannot be decoded (this process)
         self._fallback_logged = False
@@ -268,10 +270,15 @@ class GpuBatcher:
         """One batched decode; on refusal each file alone; None for a file the device does not take."""
         views = self.staging.views([t.data for t in tiles])
         self.stats.staging_bytes = self._pinned_bytes()
+        out = self.streams.run(lambda: self._decode_views(views))  # a side stream (data.device_streams)
+        self.staging.mark_used()
+        return out
+
+    def _decode_views(self, views: list[torch.Tensor]) -> list[torch.Tensor | None]:
         try:
             if not BATCHED_DECODE:
                 raise RuntimeError("this torchvision decodes one file per call")
-            out = list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
+            return list(decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device))
         except RuntimeError:
             out = []
             for v in views:
@@ -279,8 +286,7 @@ class GpuBatcher:
                     out.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=self.device))
                 except RuntimeError:
                     out.append(None)
-        self.staging.mark_used()
-        return out
+            return out
 
     def _pinned_bytes(self) -> int:
         held = [
@@ -520,6 +526,9 @@ class GpuLoader:
         self._batcher_kwargs = batcher_kwargs
         self.batcher: GpuBatcher | None = None
         self._reported = False
+        self.host_wait_s = 0.0
+        """seconds blocked on the CPU workers (the host), summed over every batch."""
+        self._issue_s = 0.0  # seconds issuing the device decode/augment since `pop_issue_seconds`
 
     def _ensure_batcher(self) -> GpuBatcher:
         if self.batcher is None:
@@ -534,11 +543,28 @@ class GpuLoader:
 
     def __iter__(self):
         batcher = self._ensure_batcher()
-        for batch in self._loader:
-            yield batcher.assemble(batch)
+        inner = iter(self._loader)
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(inner)
+            except StopIteration:
+                break
+            fetched = time.perf_counter()
+            self.host_wait_s += fetched - began
+            out = batcher.assemble(batch)
+            self._issue_s += time.perf_counter() - fetched
+            yield out
         if not self._reported:  # after the first pass, once
             self._reported = True
             log.info("rank %d: %s", getattr(self._loader, "rank", 0), describe(batcher.stats))
+
+    def pop_issue_seconds(self) -> float:
+        """Host seconds spent issuing the device decode and augmentation since the last call: device work,
+        not waiting for data. The training loop takes them out of its data_wait, so "busy" is the share of
+        the time the step is not waiting on the host (the workers)."""
+        issued, self._issue_s = self._issue_s, 0.0
+        return issued
 
     def __len__(self) -> int:
         return len(self._loader)

@@ -475,7 +475,7 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
     succeeded = exit_code is not None
     limit = limit_s if limit_s is not None else TEARDOWN_LIMIT_S if succeeded else FAILED_TEARDOWN_LIMIT_S
     where, main, started = f"rank {rank()} of {world_size()}", is_main(), time.monotonic()
-    finished = run_bounded(lambda: _leave(succeeded), limit)
+    finished = run_bounded(on_device(_state.get("device"), lambda: _leave(succeeded)), limit)
     _forget()
     if finished:
         if main:
@@ -500,6 +500,20 @@ def teardown(exit_code: int | None, *, limit_s: float | None = None) -> None:
         EXIT_BACKSTOP_S,
     )
     faulthandler.dump_traceback_later(EXIT_BACKSTOP_S, exit=True)
+
+
+def on_device(device: Any, work: Callable[[], None]) -> Callable[[], None]:
+    """`work` made to run on this rank's CUDA device in whatever thread calls it: a new thread starts on
+    device 0, and the final barrier's CUDA tensor and NCCL's teardown must be on the rank's own device."""
+
+    def run() -> None:
+        if device is not None and getattr(device, "type", None) == "cuda":
+            import torch
+
+            torch.cuda.set_device(device)
+        work()
+
+    return run
 
 
 def run_bounded(work: Callable[[], None], limit_s: float, *, backstop_s: float = BACKSTOP_S) -> bool:

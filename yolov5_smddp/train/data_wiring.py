@@ -155,6 +155,7 @@ def build_loaders(
     # torch and OpenCV, imported here (LAZY)
     from yolov5_smddp.data.dataset import YoloDataset
     from yolov5_smddp.data.loader import build_dataloader, check_batch_fits, num_workers_per_rank
+    from yolov5_smddp.train.compile_settings import fixed_shape_compile
 
     check_batch_fits(len(bundle.train_index.images), per_rank, info.world_size)
     workers = num_workers_per_rank(os.cpu_count() or 1, info.local_world_size, per_rank, config.workers)
@@ -188,7 +189,9 @@ def build_loaders(
         workers=workers,
         shuffle=not config.rect,
         seed=config.seed,
-        drop_last=False,  # the release's: each epoch sees every image (last batch may be partial)
+        # the release's: each epoch sees every image (last batch may be partial); under a fixed-shape
+        # --compile the partial batch is dropped (one shape, one compile: compile_settings)
+        drop_last=fixed_shape_compile(config.compile, config.rect, config.multi_scale),
     )
     if config.loader == "gpu":  # batches assembled on the device (data.gpu_batch)
         from yolov5_smddp.data.gpu_batch import wrap_loader

@@ -61,6 +61,12 @@ def decide(config: TrainConfig, info: process_group.DistInfo) -> Decisions:
     )
     if info.rank == 0:
         log.info("amp %s: %s", amp.mode, amp.reason)
+    if config.sync_bn and backend == "smddp" and info.world_size > 1:
+        raise ConfigError(
+            "--sync-bn with --backend smddp: SyncBatchNorm gathers its statistics with collectives SMDDP "
+            "does not document (all_gather_into_tensor); train without --sync-bn (each rank's BatchNorm uses "
+            "its own batch; the EMA that is validated and saved is rank 0's) or use --backend nccl"
+        )
     if config.compile and device_type == "cpu" and not (shutil.which("g++") or shutil.which("c++")):
         raise ConfigError("--compile on CPU needs a C++ compiler (g++) for torch inductor; none is installed")
     if config.cfg:

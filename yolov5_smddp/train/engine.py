@@ -164,11 +164,20 @@ class TrainStep:
     inject_nonfinite_step: int | None = None
     micro_steps: int = 0
     nonfinite_run: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+    keep_grads: bool = False
+    """CUDA graphs (compile_settings): gradients allocated here, before the first micro-step, and zeroed in
+    place after each optimizer step, so no backward takes a graph-owned buffer as `.grad`."""
+    mark_steps: bool = False
+    """CUDA graphs: torch.compiler.cudagraph_mark_step_begin() before each micro-step."""
 
     def __post_init__(self) -> None:
         self.nonfinite_run = self.nonfinite_run.to(self.device)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         use_fused_kernels(self.optimizer)
+        if self.keep_grads:
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
     def micro_step(
         self,
@@ -190,6 +199,8 @@ class TrainStep:
             x = F.interpolate(x, size=new_hw, mode="bilinear", align_corners=False)
         no_sync = getattr(self.model, "no_sync", None)
         context = no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext()
+        if self.mark_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         with context:
             with self.amp.autocast():
                 preds = self.model(x)
@@ -218,7 +229,7 @@ class TrainStep:
             self.optimizer.found_inf = (~finite).float().reshape(1)  # read by the fused step
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         if self.ema is not None:
             self.ema.update(self.model)
         self.nonfinite_run = torch.where(finite, torch.zeros_like(self.nonfinite_run), self.nonfinite_run + 1)
@@ -368,6 +379,7 @@ def train_one_epoch(
     count = 0
     stopped = False
     loader_iter = iter(loader)
+    pop_issue = getattr(loader, "pop_issue_seconds", None)
     while True:
         waited = time.perf_counter()
         try:
@@ -375,6 +387,8 @@ def train_one_epoch(
         except StopIteration:
             break
         waited = time.perf_counter() - waited
+        if pop_issue is not None:  # --loader gpu: its device decode/augment is work, not a wait
+            waited = max(waited - pop_issue(), 0.0)
         settings = settings_for(iteration)
         apply_settings(step.optimizer, settings)
         sync = iteration - last_optimizer_iteration >= settings.accumulate

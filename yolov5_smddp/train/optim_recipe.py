@@ -52,9 +52,19 @@ def build_optimizer(
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """DDP as the trainer uses it: default buckets (1 MiB first, then 25 MiB, which the scaling model
     follows) and gradients that live in the all-reduce buckets (one gradient copy fewer per step, less
-    memory)."""
+    memory).
+
+    broadcast_buffers=False: DDP would otherwise broadcast every buffer (BatchNorm's running statistics
+    and its int64 num_batches_tracked) from rank 0 before each forward: one more collective per step, and
+    an int64 one, which SMDDP does not document. Training-mode BatchNorm normalises with the batch's own
+    statistics, so the running statistics feed only the EMA, and the EMA that is validated and saved is
+    rank 0's, broadcast to every rank as float32 before each validation (process_group.broadcast_module).
+    The parameters, the same on every rank, are still broadcast once at construction."""
     return nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
     )
 
 

@@ -39,6 +39,7 @@ from yolov5_smddp.telemetry import emit, metric_line
 from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, out_of_memory, reporting
 from yolov5_smddp.train.autobatch import AUTO_BATCH, agree_smallest, size_batch
 from yolov5_smddp.train.budget import TimeBudget, counting_clock
+from yolov5_smddp.train.compile_settings import compile_settings
 from yolov5_smddp.train.data_wiring import DataBundle
 from yolov5_smddp.train.decisions import Decisions, decide
 from yolov5_smddp.train.engine import (
@@ -131,11 +132,21 @@ def build_step(run: Run) -> TrainStep:
     net: nn.Module = run.model
     if info.distributed:
         net = wrap_ddp(run.model, run.device)
+    settings = compile_settings(compile=False, mode="", rect=False, multi_scale=False, accumulate=1)
     if config.compile:
         plan = compile_plan(run.device.type, rect=config.rect, multi_scale=config.multi_scale)
+        settings = compile_settings(
+            compile=True,
+            mode=plan.mode,
+            rect=config.rect,
+            multi_scale=config.multi_scale,
+            accumulate=run.stack.accumulate,
+        )
         if run.main:
             log.info(
-                "%s; compiling during the first steps (minutes for yolov5x; each shape once)", plan.reason
+                "%s; %s; compiling during the first steps (minutes for yolov5x; each shape once)",
+                plan.reason,
+                settings.reason,
             )
         net = torch.compile(net, mode=plan.mode)
     return TrainStep(
@@ -149,6 +160,8 @@ def build_step(run: Run) -> TrainStep:
         loss_multiplier=loss_multiplier(info),
         channels_last=config.channels_last,
         inject_nonfinite_step=config.inject_nonfinite_step,
+        keep_grads=settings.keep_grads,
+        mark_steps=settings.mark_steps,
     )
 
 

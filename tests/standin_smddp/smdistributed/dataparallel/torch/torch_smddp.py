@@ -12,17 +12,30 @@ all_to_all_single and barrier (without device_ids), on the default group, on den
 collectives, gather/scatter/reduce/reduce_scatter, all_gather_into_tensor, point-to-point, new_group,
 ReduceOp.AVG (and every op but SUM), integer/bool/float64 tensors. The wrappers replace the functions in
 both `torch.distributed` and `torch.distributed.distributed_c10d` (torch's own object collectives call
-the latter's), and pass everything through untouched under any other backend. DDP's reducer and its
-parameter broadcast run in C++ and are SMDDP's own business: they are not seen here.
+the latter's), and pass everything through untouched under any other backend.
+
+The backend itself (issue 52) is `StrictGroup`, a Python `ProcessGroup` around a Gloo group: torch uses a
+Python ProcessGroup returned by a registered creator as the process group itself, so EVERY collective it
+is asked for goes through its methods, DDP's C++ ones included (the parameter-shape check and parameter
+broadcast at construction, the reducer's gradient all-reduce and its one bucket rebuild, the per-forward
+buffer broadcast when broadcast_buffers=True). On the wire it allows float32 only, and DDP's own
+bookkeeping, which AWS's "keep DDP unchanged" covers: int64 inside DDP's constructor (parameter shapes and
+strides gathered once) and int32 in the reducer's one bucket rebuild (bucket indices broadcast from rank 0
+before the second forward). Anything else raises `SmddpUnsupported`. Every call is recorded in `SEEN` as
+(collective, dtype, context: "construction", "bucket rebuild" or "") for the tests.
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
+import sys
+import threading
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
 
 # torch calls the creator once per device type listed in `devices`; both must share one Gloo group.
 _groups: dict[int, object] = {}
@@ -63,12 +76,123 @@ class SmddpUnsupported(RuntimeError):
     """A collective, an argument or a dtype that SMDDP does not support (as AWS documents it)."""
 
 
+WIRE_DTYPES = (torch.float32,)
+"""What may cross the wire outside DDP's bookkeeping (yolov5_smddp.distributed.process_group encodes everything else)."""
+BOOKKEEPING_DTYPES = {
+    "construction": (torch.float32, torch.int64),  # parameter metadata (shapes, strides)
+    "bucket rebuild": (torch.float32, torch.int32),  # the reducer's bucket indices and sizes
+}
+SEEN: list[tuple[str, str, str]] = []
+"""(collective, dtype, DDP bookkeeping context or "") for every tensor the process group was given."""
+_ddp_init = threading.local()
+
+
+def _ddp_context() -> str:
+    """ "construction" inside DDP's constructor; "bucket rebuild" while DDP's forward runs the reducer's
+    `_rebuild_buckets()` (a C++ call: the Python frame that made it is on that line); else ""."""
+    if getattr(_ddp_init, "depth", 0) > 0:
+        return "construction"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.endswith("distributed.py") and "_rebuild_buckets(" in linecache.getline(name, frame.f_lineno):
+            return "bucket rebuild"
+        frame = frame.f_back
+    return ""
+
+
+class StrictGroup(dist.ProcessGroup):
+    """The "smddp" process group: every collective checked and recorded, then run by Gloo."""
+
+    def __init__(self, gloo, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._gloo = gloo
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "smddp"
+
+    def _check(self, name: str, tensors) -> None:
+        context = _ddp_context()
+        allowed = BOOKKEEPING_DTYPES.get(context, WIRE_DTYPES)
+        for tensor in tensors:
+            SEEN.append((name, str(tensor.dtype), context))
+            if tensor.layout != torch.strided or tensor.dtype not in allowed:
+                where = f"in DDP's {context}" if context else "outside DDP's own bookkeeping"
+                raise SmddpUnsupported(
+                    f"smddp stand-in: the process group was asked for {name} on a {tensor.dtype} tensor "
+                    f"{where}; only {', '.join(str(d) for d in allowed)} may cross the wire there"
+                )
+
+    def allreduce(self, tensors, opts=None):
+        if opts is not None and opts.reduceOp != dist.ReduceOp.SUM:
+            raise SmddpUnsupported(f"smddp stand-in: allreduce with {opts.reduceOp} (only SUM)")
+        self._check("allreduce", tensors)
+        return self._gloo.allreduce(tensors, opts) if opts is not None else self._gloo.allreduce(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        self._check("broadcast", tensors)
+        return self._gloo.broadcast(tensors, opts) if opts is not None else self._gloo.broadcast(tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._check("allgather", [*input_tensors, *(t for row in output_tensors for t in row)])
+        if opts is None:
+            return self._gloo.allgather(output_tensors, input_tensors)
+        return self._gloo.allgather(output_tensors, input_tensors, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._check("alltoall_base", [output, input])
+        args = (output, input, output_split_sizes, input_split_sizes)
+        return self._gloo.alltoall_base(*args, opts) if opts is not None else self._gloo.alltoall_base(*args)
+
+    def barrier(self, opts=None):
+        SEEN.append(("barrier", "", _ddp_context()))
+        return self._gloo.barrier(opts) if opts is not None else self._gloo.barrier()
+
+    def _refuse(self, name: str):
+        raise SmddpUnsupported(f"smddp stand-in: the process group was asked for {name} (not SMDDP's)")
+
+    def allreduce_coalesced(self, *args, **kwargs):
+        self._refuse("allreduce_coalesced")
+
+    def allgather_into_tensor_coalesced(self, *args, **kwargs):
+        self._refuse("allgather_into_tensor_coalesced")
+
+    def reduce_scatter(self, *args, **kwargs):
+        self._refuse("reduce_scatter")
+
+    def send(self, *args, **kwargs):
+        self._refuse("send")
+
+    def recv(self, *args, **kwargs):
+        self._refuse("recv")
+
+
 def _create_gloo_backend(store, group_rank, group_size, timeout):
-    """Creator with torch's plain (non-extended) signature: (store, rank, world_size, timedelta)."""
+    """Creator with torch's plain (non-extended) signature: (store, rank, world_size, timedelta). torch
+    takes the returned Python ProcessGroup as the process group itself (all devices)."""
     key = id(store)
     if key not in _groups:
-        _groups[key] = dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
+        gloo = dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
+        _groups[key] = StrictGroup(gloo, group_rank, group_size)
     return _groups[key]
+
+
+def _mark_ddp_construction() -> None:
+    """DDP's constructor, marked while it runs (its int64 metadata is allowed there only)."""
+    init = DistributedDataParallel.__init__
+    if getattr(init, "__smddp_standin__", False):
+        return
+
+    @functools.wraps(init)
+    def marked(self, *args, **kwargs):
+        _ddp_init.depth = getattr(_ddp_init, "depth", 0) + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            _ddp_init.depth -= 1
+
+    marked.__smddp_standin__ = True
+    DistributedDataParallel.__init__ = marked
 
 
 def _smddp_active() -> bool:
@@ -173,3 +297,4 @@ def _install() -> None:
 if "smddp" not in dist.Backend.backend_list:
     dist.Backend.register_backend("smddp", _create_gloo_backend, devices=["cpu", "cuda"])
 _install()
+_mark_ddp_construction()
