@@ -1,11 +1,14 @@
-# yolov5-smddp training image: the AWS PyTorch training DLC (SMDDP, the SageMaker toolkit, torch,
-# torchvision, OpenCV) plus this package. Only our package is installed (--no-deps): never a second torch or
-# OpenCV over the base image's. Any image with python3, torch, torchvision, cv2 and yaml works as a base
-# (then NCCL/Gloo instead of SMDDP), e.g. the local stand-in: `./build.sh build --base local`.
+# yolov5-smddp training image: an AWS PyTorch training DLC (the SageMaker toolkit, torch, torchvision,
+# OpenCV) plus this package. Two DLC flavours (`./build.sh build --dlc current|smddp`): current (the default,
+# the newest DLC AWS still patches: NCCL) or smddp (the 2.5.1 DLC, the last with SMDDP). Only our package is
+# installed (--no-deps): never a second torch or OpenCV over the base image's. Any image with python3, torch,
+# torchvision, cv2 and yaml works as a base (then NCCL/Gloo), e.g. the local stand-ins (`--base local`).
 ARG REGION=us-west-2
-# The DLC: yolov5_smddp/dlc.py owns these two values (a test checks they agree; build.sh reads them here).
+# The DLCs: yolov5_smddp/dlc.py owns these values (a test checks they agree; build.sh reads them here).
 ARG DLC_ACCOUNT=763104351884
-ARG DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+ARG CURRENT_DLC_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker
+ARG SMDDP_DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+ARG DLC_TAG=${CURRENT_DLC_TAG}
 ARG BASE_IMAGE=${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${DLC_TAG}
 FROM ${BASE_IMAGE}
 
@@ -59,6 +62,8 @@ assert lib is not None, native.why_not(); print('native library', native.library
 
 # Labels last: a new revision changes only this metadata step.
 ARG BASE_IMAGE
+# which DLC flavour the base is (or stands in for): current or smddp (build.sh's --dlc)
+ARG DLC=current
 ARG VERSION=0.0.0
 ARG GIT_REVISION=unknown
 LABEL org.opencontainers.image.title="yolov5-smddp" \
@@ -66,4 +71,5 @@ LABEL org.opencontainers.image.title="yolov5-smddp" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${GIT_REVISION}" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.github.yolov5-smddp.dlc="${DLC}"
