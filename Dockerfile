@@ -36,13 +36,13 @@ RUN mkdir -p "$MPLCONFIGDIR" \
     && (python3 -c "import matplotlib.font_manager" || echo "matplotlib is not installed: plots will be skipped")
 
 # The loader's native loops (yolov5_smddp/data/native.py: JPEG region decoding, the HSV table fused with the
-# flips): a small C library over the system's libjpeg-turbo (>= 1.5: Debian's libjpeg62-turbo in the
-# stand-in, Ubuntu's libjpeg-turbo8 in the DLC; `libjpeg-dev` names it on both), which setup.py builds into
-# the package during the pip install below, the same build as any `pip install .`: here only the compiler and
-# the headers, cached. A missing header or a failed compile fails that install, and a library that does not
-# load fails the check after it, so CI never tests an image without it.
+# flips): a small C library with a static libjpeg-turbo of its own (one libc and no foreign libjpeg in the
+# process), which setup.py builds into the package during the pip install below from libjpeg-turbo's pinned
+# source tarball (upstream's, or the apt mirrors' identical copy): here only the compiler, make, cmake and nasm,
+# cached. A missing tool or a failed build fails that install, and a library that does not load fails the
+# check after it, so CI never tests an image without it.
 RUN (apt-get update -qq || echo "apt-get update reported errors (a third-party list?): installing from the rest") \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev make cmake nasm \
     && rm -rf /var/lib/apt/lists/*
 
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
