@@ -34,9 +34,10 @@ from yolov5_smddp.models.yolo import DetectionModel
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("torchscript", "onnx", "openvino", "engine")
+FORMATS = ("torchscript", "pt2", "onnx", "openvino", "engine")
 SUFFIXES = {
     "torchscript": ".torchscript",
+    "pt2": ".pt2",  # a torch.export ExportedProgram (torch.export.save), the successor of TorchScript
     "onnx": ".onnx",
     "openvino": "_openvino_model",
     "engine": ".engine",
@@ -148,6 +149,8 @@ def export_model(
         path = stem.with_name(stem.name + SUFFIXES[fmt])  # not with_suffix: a stem may hold dots (v3.0-x)
         if fmt == "torchscript":
             _torchscript(module, example, path, _config(model, example, options))
+        elif fmt == "pt2":
+            _pt2(module, example, path, _config(model, example, options))
         elif fmt == "onnx":
             _onnx(module, example, path, options, _metadata(model), output.shape[2])
         else:
@@ -189,6 +192,15 @@ def _torchscript(module: nn.Module, example: torch.Tensor, path: Path, config: d
     extra = {TORCHSCRIPT_CONFIG: json.dumps(config)}
     with atomic_write(path) as handle:
         torch.jit.save(traced, handle, _extra_files=extra)
+
+
+def _pt2(module: nn.Module, example: torch.Tensor, path: Path, config: dict) -> None:
+    """The module as a torch.export ExportedProgram (no TorchScript: torch deprecates torch.jit from 2.10
+    on), its config as the archive's extra file config.txt, as best.torchscript carries it."""
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.export.export(module, (example,), strict=False)
+    with atomic_write(path) as handle:
+        torch.export.save(program, handle, extra_files={TORCHSCRIPT_CONFIG: json.dumps(config)})
 
 
 @contextmanager
