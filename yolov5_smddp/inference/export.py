@@ -227,6 +227,28 @@ def require_onnx():
     return onnx
 
 
+NEW_ONNX_EXPORTER_FROM = (2, 10)
+
+
+def new_onnx_exporter(torch_version: str | None = None) -> bool:
+    """Whether ONNX export uses torch's torch.export-based exporter (torch >= 2.10) rather than the
+    deprecated TorchScript-based one."""
+    release = tuple(int(p) for p in (torch_version or torch.__version__).split("+")[0].split(".")[:2])
+    return release >= NEW_ONNX_EXPORTER_FROM
+
+
+def require_onnxscript():
+    """The `onnxscript` package (torch's new ONNX exporter needs it), or ConfigError saying how to get it."""
+    try:
+        import onnxscript
+    except ImportError:
+        raise ConfigError(
+            f"ONNX export on torch {torch.__version__} needs the onnxscript package, which is not installed "
+            "(pip install onnxscript)"
+        ) from None
+    return onnxscript
+
+
 def _onnx(
     module: nn.Module,
     example: torch.Tensor,
@@ -238,7 +260,12 @@ def _onnx(
     onnx = require_onnx()
     kwargs = {}
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        kwargs["dynamo"] = False  # the TorchScript-based exporter: named dynamic axes, any torch >= 2.1
+        # torch >= 2.10: the torch.export-based exporter (needs onnxscript; the TorchScript-based one is
+        # deprecated there); older torch: the TorchScript-based one (named dynamic axes, any torch >= 2.1)
+        kwargs["dynamo"] = new_onnx_exporter()
+        if kwargs["dynamo"]:
+            require_onnxscript()
+            kwargs["optimize"] = True
     dynamic_axes = None
     if options.dynamic:
         dynamic_axes = {

@@ -43,13 +43,16 @@ def serving_formats(
     torch_version: str | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[str, ...]:
     """pt2 on torch >= 2.10, else torchscript; torchscript as well on request ($YOLOV5_SMDDP_TORCHSCRIPT=1);
-    onnx when the onnx package can be imported. Cheapest first."""
+    onnx when the onnx package (and on torch >= 2.10 onnxscript) can be imported. Cheapest first."""
     environ = os.environ if environ is None else environ
     release = tuple(int(p) for p in (torch_version or torch.__version__).split("+")[0].split(".")[:2])
     formats = ["pt2"] if release >= PT2_FROM else ["torchscript"]
     if release >= PT2_FROM and environ.get(TORCHSCRIPT_ENV, "").strip() == "1":
         formats.append("torchscript")
-    if importlib.util.find_spec("onnx") is not None:
+    onnx_packages = (
+        ("onnx", "onnxscript") if release >= PT2_FROM else ("onnx",)
+    )  # onnxscript: the new exporter
+    if all(importlib.util.find_spec(name) is not None for name in onnx_packages):
         formats.append("onnx")
     return tuple(formats)
 
