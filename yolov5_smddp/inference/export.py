@@ -228,6 +228,7 @@ def require_onnx():
 
 
 NEW_ONNX_EXPORTER_FROM = (2, 10)
+NEW_EXPORTER_MIN_OPSET = 18
 
 
 def new_onnx_exporter(torch_version: str | None = None) -> bool:
@@ -280,7 +281,10 @@ def _onnx(
                 module,
                 (example,),
                 str(tmp),
-                opset_version=options.opset,
+                # torch's new exporter builds opset 18 (its version converter has no Resize adapter down to 17)
+                opset_version=max(options.opset, NEW_EXPORTER_MIN_OPSET)
+                if kwargs.get("dynamo")
+                else options.opset,
                 input_names=[INPUT_NAME],
                 output_names=[OUTPUT_NAME],
                 dynamic_axes=dynamic_axes,
