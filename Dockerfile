@@ -26,7 +26,7 @@ print('base image: torch', torch.__version__, 'torchvision', torchvision.__versi
 
 # best.onnx beside best.torchscript in the model folder (yolov5_smddp.serving writes it when onnx imports):
 # the onnx package, unless the base carries one already.
-# onnxscript: torch >= 2.10's ONNX exporter (0.7.2: the first with torch 2.11+'s API, still 2.10's)
+# onnxscript: torch >= 2.10's ONNX exporter (0.7.2 has torch 2.10's and 2.11+'s APIs; 0.5.6 lacks the latter)
 RUN set -e; python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
         --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"; \
     python3 -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 10))" || exit 0; \

@@ -296,6 +296,16 @@ def _onnx(
         channels = graph.graph.output[0].type.tensor_type.shape.dim[2]
         channels.Clear()
         channels.dim_value = channels_out
+        if (
+            options.dynamic
+        ):  # the names the TorchScript-based exporter gave (the new one names them s0, s1, ...)
+            for value, names in (
+                (graph.graph.input[0], ("batch", None, "height", "width")),
+                (graph.graph.output[0], ("batch", "anchors", None)),
+            ):
+                for dim, name in zip(value.type.tensor_type.shape.dim, names, strict=True):
+                    if name is not None and not dim.HasField("dim_value"):
+                        dim.dim_param = name
         if options.simplify:
             graph = simplified(graph)
         onnx.checker.check_model(graph)
