@@ -267,6 +267,8 @@ def _onnx(
         if kwargs["dynamo"]:
             require_onnxscript()
             kwargs["optimize"] = True
+            if "external_data" in inspect.signature(torch.onnx.export).parameters:
+                kwargs["external_data"] = False  # one file (else the weights land in <tmp>.data beside it)
     dynamic_axes = None
     if options.dynamic:
         dynamic_axes = {
@@ -316,6 +318,7 @@ def _onnx(
             handle.write(graph.SerializeToString())
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)  # the new exporter's external data, if any
 
 
 def simplified(graph):
