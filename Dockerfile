@@ -1,11 +1,14 @@
-# yolov5-smddp training image: the AWS PyTorch training DLC (SMDDP, the SageMaker toolkit, torch,
-# torchvision, OpenCV) plus this package. Only our package is installed (--no-deps): never a second torch or
-# OpenCV over the base image's. Any image with python3, torch, torchvision, cv2 and yaml works as a base
-# (then NCCL/Gloo instead of SMDDP), e.g. the local stand-in: `./build.sh build --base local`.
+# yolov5-smddp training image: an AWS PyTorch training DLC (the SageMaker toolkit, torch, torchvision,
+# OpenCV) plus this package. Two DLC flavours (`./build.sh build --dlc current|smddp`): current (the default,
+# the newest DLC AWS still patches: NCCL) or smddp (the 2.5.1 DLC, the last with SMDDP). Only our package is
+# installed (--no-deps): never a second torch or OpenCV over the base image's. Any image with python3, torch,
+# torchvision, cv2 and yaml works as a base (then NCCL/Gloo), e.g. the local stand-ins (`--base local`).
 ARG REGION=us-west-2
-# The DLC: yolov5_smddp/dlc.py owns these two values (a test checks they agree; build.sh reads them here).
+# The DLCs: yolov5_smddp/dlc.py owns these values (a test checks they agree; build.sh reads them here).
 ARG DLC_ACCOUNT=763104351884
-ARG DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+ARG CURRENT_DLC_TAG=2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker
+ARG SMDDP_DLC_TAG=2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker
+ARG DLC_TAG=${CURRENT_DLC_TAG}
 ARG BASE_IMAGE=${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${DLC_TAG}
 FROM ${BASE_IMAGE}
 
@@ -23,8 +26,12 @@ print('base image: torch', torch.__version__, 'torchvision', torchvision.__versi
 
 # best.onnx beside best.torchscript in the model folder (yolov5_smddp.serving writes it when onnx imports):
 # the onnx package, unless the base carries one already.
-RUN python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
-        --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"
+# onnxscript: torch >= 2.10's ONNX exporter (0.7.2 has torch 2.10's and 2.11+'s APIs; 0.5.6 lacks the latter)
+RUN set -e; python3 -c "import onnx" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
+        --disable-pip-version-check --root-user-action=ignore "onnx==1.18.0"; \
+    python3 -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 10))" || exit 0; \
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --disable-pip-version-check \
+        --root-user-action=ignore "onnxscript==0.7.2"
 
 # --tensorboard-dir (a JobSpec's tensorboard_s3_uri points it at /opt/ml/output/tensorboard, which SageMaker
 # uploads): torch's SummaryWriter needs the tensorboard package, which the DLC lacks. Pinned: a version whose
@@ -39,13 +46,13 @@ RUN mkdir -p "$MPLCONFIGDIR" \
     && (python3 -c "import matplotlib.font_manager" || echo "matplotlib is not installed: plots will be skipped")
 
 # The loader's native loops (yolov5_smddp/data/native.py: JPEG region decoding, the HSV table fused with the
-# flips): a small C library over the system's libjpeg-turbo (>= 1.5: Debian's libjpeg62-turbo in the
-# stand-in, Ubuntu's libjpeg-turbo8 in the DLC; `libjpeg-dev` names it on both), which setup.py builds into
-# the package during the pip install below, the same build as any `pip install .`: here only the compiler and
-# the headers, cached. A missing header or a failed compile fails that install, and a library that does not
-# load fails the check after it, so CI never tests an image without it.
+# flips): a small C library with a static libjpeg-turbo of its own (one libc and no foreign libjpeg in the
+# process), which setup.py builds into the package during the pip install below from libjpeg-turbo's pinned
+# source tarball (upstream's, or the apt mirrors' identical copy): here only the compiler, make, cmake and nasm,
+# cached. A missing tool or a failed build fails that install, and a library that does not load fails the
+# check after it, so CI never tests an image without it.
 RUN (apt-get update -qq || echo "apt-get update reported errors (a third-party list?): installing from the rest") \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev make cmake nasm \
     && rm -rf /var/lib/apt/lists/*
 
 # Dependency metadata before source: a code edit rebuilds only the layers below (copy + one install).
@@ -65,6 +72,8 @@ assert lib is not None, native.why_not(); print('native library', native.library
 
 # Labels last: a new revision changes only this metadata step.
 ARG BASE_IMAGE
+# which DLC flavour the base is (or stands in for): current or smddp (build.sh's --dlc)
+ARG DLC=current
 ARG VERSION=0.0.0
 ARG GIT_REVISION=unknown
 LABEL org.opencontainers.image.title="yolov5-smddp" \
@@ -72,4 +81,5 @@ LABEL org.opencontainers.image.title="yolov5-smddp" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${GIT_REVISION}" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.github.yolov5-smddp.dlc="${DLC}"

@@ -10,25 +10,30 @@ usage() {
 usage: ./build.sh COMMAND [options]
 
 commands:
-  build [--base local|dlc|IMAGE] [--region R]
+  build [--dlc current|smddp] [--base local|dlc|IMAGE] [--region R]
         Build the training image and print its tag (last line of stdout): yolov5-smddp:<version>-<git sha>,
-        with -standin appended on the local base. --base dlc (default) is the AWS PyTorch DLC with SMDDP
-        (the PyTorch training DLC named in yolov5_smddp/dlc.py;
-        needs the aws CLI and credentials); --base local is the stand-in built from Debian packages (CPU,
-        Gloo, the real SageMaker toolkit; no AWS needed); any other value is used as the base image.
-  push [--registry HOST | --account ID] [--region R] [--repo NAME] [--image TAG]
-        Tag and push an image (default: the latest `build` of this checkout on the DLC base). For an ECR
+        with -smddp appended for the SMDDP flavour and -standin on the local base. --dlc picks the AWS PyTorch
+        training DLC (yolov5_smddp/dlc.py): current (default: the newest DLC AWS still patches, PyTorch 2.10,
+        NCCL) or smddp (the 2.5.1 DLC, the last with SMDDP; no longer patched). The image's label
+        io.github.yolov5-smddp.dlc records which. --base dlc (default) builds FROM that DLC (needs the aws
+        CLI and credentials); --base local FROM its stand-in (no AWS needed): docker/current/ (Debian trixie,
+        PyPI torch 2.10) for current, docker/standin/ (Debian's torch, the SageMaker toolkit's MPI path) for
+        smddp; any other value is used as the base image.
+  push [--registry HOST | --account ID] [--region R] [--repo NAME] [--image TAG] [--dlc current|smddp]
+        Tag and push an image (default: the latest `build` of this checkout on the --dlc DLC). For an ECR
         registry (the default: <account>.dkr.ecr.<region>.amazonaws.com) it logs in with the aws CLI and
         creates the repository if missing; for any other registry (e.g. 127.0.0.1:5000) it only tags and
         pushes. Prints the pushed reference on the last line.
   local-base
-        Build the local DLC stand-in (cached by content hash) and print its tag: FROM debian:trixie-slim when
-        that image is present or can be pulled, else with debootstrap (root, Debian-like Linux; no registry).
-        STANDIN_METHOD=dockerfile|debootstrap forces one (docker/standin/build.sh).
-  test  Build the stand-in and the image on it, run the unit and integration tests (and ruff) inside a test
-        image and, at the same time, on the DLC's versions (Python 3.11, torch 2.5.1 from PyPI: a test
-        image on Debian bookworm, docker/dlc-versions/, cached like the stand-in; TEST_DLC_VERSIONS=0
-        leaves it out), then the container tests (pytest -m docker) from this host in a virtualenv. Needs
+        Build the local stand-in of the $DLC flavour (cached by content hash) and print its tag: FROM
+        debian:trixie-slim when that image is present or can be pulled, else with debootstrap (root,
+        Debian-like Linux; no registry). STANDIN_METHOD=dockerfile|debootstrap forces one
+        (docker/standin/build.sh drives both stand-ins).
+  test  Run the unit and integration tests on both DLCs' versions at the same time, each inside a test
+        image: the current DLC's (Python 3.13, torch 2.10 from PyPI: docker/current/, with ruff) and the
+        SMDDP DLC's (Python 3.11, torch 2.5.1 from PyPI: docker/dlc-versions/; TEST_DLC_VERSIONS=0 leaves
+        it out), YOLOV5_SMDDP_SUITE=current|dlc-versions naming the suite; then the container tests
+        (pytest -m docker) from this host in a virtualenv on the SMDDP stand-in's image. Needs
         only Docker and python3. A skip not allow-listed in tests/skip_policy.py fails it (so does a missing
         engine or image for the container tests); the summary lists every skip with its reason.
   run [train options]
@@ -37,7 +42,8 @@ commands:
   help  This text.
 
 environment: IMAGE_NAME (yolov5-smddp), AWS_REGION / REGION, AWS_ACCOUNT_ID, ECR_REPOSITORY, REGISTRY,
-             BASE (for build/run/test: local|dlc|IMAGE), DOCKER_BUILD_ARGS (extra `docker build` words).
+             BASE (for build/run/test: local|dlc|IMAGE), DLC (for build/run/push: current|smddp),
+             DOCKER_BUILD_ARGS (extra `docker build` words).
 EOF
 }
 
@@ -51,7 +57,14 @@ need_aws() { command -v aws >/dev/null || die "the aws CLI is needed for $1 (pip
 IMAGE_NAME="${IMAGE_NAME:-yolov5-smddp}"
 REGION="${AWS_REGION:-${REGION:-us-west-2}}"
 DLC_ACCOUNT="$(sed -n 's/^ARG DLC_ACCOUNT=//p' Dockerfile)"  # yolov5_smddp/dlc.py owns the DLC; the Dockerfile repeats it
-DLC_TAG="$(sed -n 's/^ARG DLC_TAG=//p' Dockerfile)"
+dlc_tag() {  # dlc_tag current|smddp: the Dockerfile's ARG CURRENT_DLC_TAG / SMDDP_DLC_TAG
+    case "$1" in
+        current) sed -n 's/^ARG CURRENT_DLC_TAG=//p' Dockerfile ;;
+        smddp) sed -n 's/^ARG SMDDP_DLC_TAG=//p' Dockerfile ;;
+        *) die "--dlc must be current or smddp (got '$1')" ;;
+    esac
+}
+DLC="${DLC:-current}"  # the default flavour: the DLC that AWS still patches (yolov5_smddp/dlc.py DEFAULT_DLC)
 
 version() { sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1; }
 git_sha() { git rev-parse --short=12 HEAD 2>/dev/null || echo nogit; }
@@ -64,41 +77,51 @@ ecr_login() {  # ecr_login REGISTRY REGION
     aws ecr get-login-password --region "$2" | docker login --username AWS --password-stdin "$1" >&2
 }
 
-image_tag() {  # image_tag BASE_KIND
+image_tag() {  # image_tag BASE_KIND [DLC]
     local suffix=""
-    [[ "$1" == local ]] && suffix="-standin"
+    [[ "${2:-$DLC}" == smddp ]] && suffix="-smddp"
+    [[ "$1" == local ]] && suffix="${suffix}-standin"
     echo "${IMAGE_NAME}:$(version)-$(git_sha)${suffix}"
 }
 
-cmd_local_base() { need_docker; bash "$here/docker/standin/build.sh" | tail -n 1; }
+cmd_local_base() {  # the stand-in of the DLC flavour $DLC
+    need_docker
+    case "$DLC" in
+        current) bash "$here/docker/current/build.sh" | tail -n 1 ;;
+        *) bash "$here/docker/standin/build.sh" | tail -n 1 ;;
+    esac
+}
 
 cmd_build() {
     local base="${BASE:-dlc}"
     while [[ $# -gt 0 ]]; do
         case "$1" in
             --base) base="${2:?--base needs a value}"; shift 2 ;;
+            --dlc) DLC="${2:?--dlc needs a value}"; shift 2 ;;
             --region) REGION="${2:?--region needs a value}"; shift 2 ;;
             *) die "build: unknown option $1 (see ./build.sh help)" ;;
         esac
     done
+    local dlc_tag_value; dlc_tag_value="$(dlc_tag "$DLC")"
     need_docker
     local base_image kind
     case "$base" in
         local) base_image="$(cmd_local_base)"; kind=local ;;
-        dlc) base_image="${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${DLC_TAG}"; kind=dlc ;;
+        dlc) base_image="${DLC_ACCOUNT}.dkr.ecr.${REGION}.amazonaws.com/pytorch-training:${dlc_tag_value}"; kind=dlc ;;
         *) base_image="$base"; kind=custom ;;
     esac
     local base_registry; base_registry="$(registry_of "$base_image")"
     if is_ecr "$base_registry" && ! docker image inspect "$base_image" >/dev/null 2>&1; then
         ecr_login "$base_registry" "$REGION"
     fi
-    local tag; tag="$(image_tag "$kind")"
-    echo "building $tag on $base_image" >&2
+    local tag latest="${IMAGE_NAME}:latest-${kind}"; tag="$(image_tag "$kind")"
+    [[ $DLC == current ]] || latest="${latest}-${DLC}"
+    echo "building $tag on $base_image (DLC flavour $DLC)" >&2
     # shellcheck disable=SC2086 # DOCKER_BUILD_ARGS is a list of words on purpose
     docker build ${DOCKER_BUILD_ARGS:-} \
-        --build-arg "BASE_IMAGE=$base_image" --build-arg "REGION=$REGION" \
+        --build-arg "BASE_IMAGE=$base_image" --build-arg "REGION=$REGION" --build-arg "DLC=$DLC" \
         --build-arg "VERSION=$(version)" --build-arg "GIT_REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-        -t "$tag" -t "${IMAGE_NAME}:latest-${kind}" -f Dockerfile . >&2
+        -t "$tag" -t "$latest" -f Dockerfile . >&2
     echo "$tag"
 }
 
@@ -111,6 +134,7 @@ cmd_push() {
             --region) REGION="${2:?--region needs a value}"; shift 2 ;;
             --repo) repo="${2:?--repo needs a value}"; shift 2 ;;
             --image) image="${2:?--image needs a value}"; shift 2 ;;
+            --dlc) DLC="${2:?--dlc needs a value}"; shift 2 ;;
             *) die "push: unknown option $1 (see ./build.sh help)" ;;
         esac
     done
@@ -175,34 +199,29 @@ run_pytest() {  # run_pytest WHAT COMMAND...: pytest's exit 5 (no tests collecte
 cmd_test() {
     need_docker
     command -v python3 >/dev/null || die "python3 is needed for the container tests"
-    local start=$SECONDS standin image test_image logs
+    local start=$SECONDS standin image logs
     logs="$(mktemp -d "${TMPDIR:-/tmp}/yolov5-smddp-test-logs.XXXXXX")"
-    # The DLC-versions base (Python 3.11, torch 2.5.1 from PyPI: mostly downloads) builds in the background
-    # while the stand-in and its images build; TEST_DLC_VERSIONS=0 leaves that second suite out.
-    local dlc=${TEST_DLC_VERSIONS:-1} dlc_pid=""
+    # Two unit/integration suites, one per DLC flavour's versions: the current DLC's (docker/current: Python
+    # 3.13, torch 2.10 from PyPI) and the SMDDP DLC's (docker/dlc-versions: Python 3.11, torch 2.5.1 from
+    # PyPI; TEST_DLC_VERSIONS=0 leaves it out). Their bases (mostly downloads) build in the background while
+    # the SMDDP stand-in and its image, which the container tests use, build in the foreground.
+    local dlc=${TEST_DLC_VERSIONS:-1} current_pid dlc_pid=""
+    bash "$here/docker/current/build.sh" >"$logs/current-base.out" 2>"$logs/current-base.log" &
+    current_pid=$!
     if [[ $dlc == 1 ]]; then
         bash "$here/docker/dlc-versions/build.sh" >"$logs/dlc-base.out" 2>"$logs/dlc-base.log" &
         dlc_pid=$!
-        # a step that dies before the suites start (a failed build, ruff) takes the background build along
-        # shellcheck disable=SC2064  # the pid now: dlc_pid is local to this function
-        trap "kill \$(pgrep -P $dlc_pid 2>/dev/null) $dlc_pid 2>/dev/null || true" EXIT
     fi
-    standin="$(cmd_local_base)"
-    image="$(cmd_build --base local)"
-    test_image="${IMAGE_NAME}-test:$(version)-$(git_sha)"
-    echo "== test image $test_image" >&2
-    docker build --build-arg "BASE_IMAGE=$image" -t "$test_image" -f docker/test.Dockerfile docker >&2
+    # a step that dies before the suites start (a failed build, ruff) takes the background builds along
+    # shellcheck disable=SC2064  # the pids now: they are local to this function
+    trap "for p in $current_pid $dlc_pid; do kill \$(pgrep -P \$p 2>/dev/null) \$p 2>/dev/null || true; done" EXIT
+    standin="$(DLC=smddp cmd_local_base)"
+    image="$(DLC=smddp cmd_build --base local)"
 
-    echo "== ruff inside $test_image" >&2
-    docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
-        ruff check --no-cache . || die "ruff check failed"
-    docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$test_image" \
-        ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
-
-    # The unit and integration tests on Debian's Python 3.13 / torch 2.6 (the stand-in) and, at the same
-    # time, on the AWS DLC's versions (Python 3.11, torch 2.5.1 from PyPI): the torch internals we rely on
-    # differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
-    # its log, printed when it ends. YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on
+    # The unit and integration tests on both DLCs' versions, at the same time: the torch internals we rely
+    # on differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
+    # its log, printed when it ends. YOLOV5_SMDDP_SUITE names the suite (current | dlc-versions), so that an
+    # expensive test can run in one of them only. YOLOV5_SMDDP_STRICT_SKIPS=1: a skip that is not on
     # tests/skip_policy.py's allow-list fails the run, and the container tests fail without the engine or
     # the image; -rs lists every skip with its reason. OMP_NUM_THREADS=1: two suites share the host (and CI
     # hosts are busy): an OpenMP pool wider than the cores it gets spins and slows everything several-fold.
@@ -210,30 +229,50 @@ cmd_test() {
     start_suite() {  # start_suite NAME IMAGE SUITE: in the background, output in $logs/suite<N>.log
         local n=${#pids[@]}
         echo "== $1 (started after $((SECONDS - start)) s)" >&2
-        # YOLOV5_SMDDP_SUITE (main | dlc-versions): tests that need to run in one suite only read it
+        # YOLOV5_SMDDP_SUITE (current | dlc-versions): tests that need to run in one suite only read it
         docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 -e YOLOV5_SMDDP_STRICT_SKIPS=1 \
-            -e "YOLOV5_SMDDP_SUITE=$3" -e OMP_NUM_THREADS=1 "$2" python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
+            -e "YOLOV5_SMDDP_SUITE=$3" -e OMP_NUM_THREADS=1 "$2" \
+            python3 -m pytest -p no:cacheprovider -q -rs -m "not docker" tests >"$logs/suite$n.log" 2>&1 &
         pids+=($!)
         names+=("$1")
     }
-    start_suite "unit/integration tests on $test_image" "$test_image" main
-    if [[ -n $dlc_pid ]]; then
-        local dlc_base dlc_image dlc_test_image
-        local base_rc=0
-        wait "$dlc_pid" || base_rc=$?
-        trap - EXIT
+    suite_image() {  # suite_image NAME BASE_LOG BASE_PID: the test image on that base (stdout), or ""
+        local base_rc=0 base project test_image
+        wait "$3" || base_rc=$?
         if [[ $base_rc -ne 0 ]]; then
-            tail -n 30 "$logs/dlc-base.log" >&2
+            tail -n 30 "$logs/$2.log" >&2
+            return 0  # no image: the caller records the failure
+        fi
+        base="$(tail -n 1 "$logs/$2.out")"
+        project="$(IMAGE_NAME="${IMAGE_NAME}-$1" cmd_build --base "$base")"
+        test_image="${IMAGE_NAME}-$1-test:$(version)-$(git_sha)"
+        echo "== test image $test_image" >&2
+        docker build --build-arg "BASE_IMAGE=$project" -t "$test_image" -f docker/test.Dockerfile docker >&2
+        echo "$test_image"
+    }
+    local current_test_image dlc_test_image
+    current_test_image="$(DLC=current suite_image current current-base "$current_pid")"
+    if [[ -z $current_test_image ]]; then
+        failed+=("the current-DLC test base did not build (its log's end above)")
+    else
+        echo "== ruff inside $current_test_image" >&2
+        docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$current_test_image" \
+            ruff check --no-cache . || die "ruff check failed"
+        docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$current_test_image" \
+            ruff format --no-cache --check . || die "ruff format --check failed (run: ruff format .)"
+        start_suite "unit/integration tests on the current DLC's versions ($current_test_image)" \
+            "$current_test_image" current
+    fi
+    if [[ -n $dlc_pid ]]; then
+        dlc_test_image="$(DLC=smddp suite_image dlc-versions dlc-base "$dlc_pid")"
+        if [[ -z $dlc_test_image ]]; then
             failed+=("the DLC-versions test base did not build (its log's end above)")
         else
-            dlc_base="$(tail -n 1 "$logs/dlc-base.out")"
-            dlc_image="$(IMAGE_NAME="${IMAGE_NAME}-dlc-versions" cmd_build --base "$dlc_base")"
-            dlc_test_image="${IMAGE_NAME}-dlc-versions-test:$(version)-$(git_sha)"
-            echo "== test image $dlc_test_image" >&2
-            docker build --build-arg "BASE_IMAGE=$dlc_image" -t "$dlc_test_image" -f docker/test.Dockerfile docker >&2
-            start_suite "unit/integration tests on the DLC's versions ($dlc_test_image)" "$dlc_test_image" dlc-versions
+            start_suite "unit/integration tests on the SMDDP DLC's versions ($dlc_test_image)" \
+                "$dlc_test_image" dlc-versions
         fi
     fi
+    trap - EXIT
     for i in "${!pids[@]}"; do
         rc=0
         wait "${pids[$i]}" || rc=$?
@@ -258,7 +297,7 @@ cmd_test() {
         YOLOV5_SMDDP_STRICT_SKIPS=1 "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs -m docker tests/docker
     rm -rf "$logs"
     local also=""
-    [[ -z $dlc_pid ]] || also=" (the DLC-versions suite included)"
+    [[ -z $dlc_pid ]] || also=" (the SMDDP DLC-versions suite included)"
     echo "== all tests passed in $((SECONDS - start)) s$also" >&2
 }
 

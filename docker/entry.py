@@ -180,6 +180,10 @@ def hand_back_outputs(owner) -> None:
 
 def main() -> int:
     args = sys.argv[1:]
+    if args[:1] == ["serve"]:  # SageMaker's inference contract: `docker run IMAGE serve`, HTTP on 8080
+        from yolov5_smddp.serving import server
+
+        return server.main(args[1:])
     owner = requested_owner()
     if args[:1] == ["train"]:
         args = prepare_train(args)

@@ -15,7 +15,7 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-
 # matplotlib comes with the base (the DLC through fastai, the stand-in as python3-matplotlib) and is
 # installed, pinned, only where it is missing
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -q --root-user-action=ignore \
-        "onnx==1.18.0" "onnxruntime==1.22.0" "openvino==2026.4.1" "onnxslim==0.1.98" \
+        "onnx==1.18.0" "onnxscript==0.7.2" "onnxruntime==1.22.0" "openvino==2026.4.1" "onnxslim==0.1.98" \
     && (python3 -c "import matplotlib" 2>/dev/null || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install \
         --no-cache-dir -q --root-user-action=ignore "matplotlib==3.10.0")
 # tests/unit/test_serving.py runs code/inference.py under the SageMaker PyTorch serving stack's Python side

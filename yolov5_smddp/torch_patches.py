@@ -25,9 +25,16 @@ from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
-TESTED_TORCH = ("2.5", "2.6")
-"""torch releases (major.minor) whose internals these patches were read against: 2.5.1 (the AWS DLC) and
-2.6 (Debian's, the local stand-in). Add a release only after reading its code behind each `*_problems()`."""
+TESTED_TORCH = ("2.5", "2.6", "2.10", "2.15")
+"""torch releases (major.minor) whose internals these patches were read against: 2.5.1 (the SMDDP DLC), 2.6
+(Debian's, the local stand-in), 2.10.0 (the current DLC) and 2.15.0 (the newest on PyPI, 2026-12). Read in
+2.10 and 2.15: `_terminate_process_handler(signum, frame)` raises SignalException and `PContext.start`
+installs it by its global name; the agent's SIGTERM path calls `_shutdown(sigval)` (2.10) or
+`_shutdown(sigval, timeout=self._shutdown_timeout)` (2.15, LaunchConfig.shutdown_timeout, 30 s by default),
+and both reach `PContext.close(death_sig, timeout)`, which now also stops its tail logs and filtered
+streams after `_close` (the patch calls the original, so those still run); `StaticTCPRendezvous.
+next_rendezvous` still builds `TCPStore(...)` by the module's name without use_libuv. Add a release only
+after reading its code behind each `*_problems()`."""
 
 CLOSE_PARAMETERS = ("self", "death_sig", "timeout")
 HANDLER_PARAMETERS = ("signum", "frame")

@@ -4,13 +4,18 @@ jpeglib.h, and an install without libjpeg-turbo's headers fails with one line na
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from native_part import installed_library
 from setuptools import Distribution
+from setuptools.errors import PlatformError
 
 from yolov5_smddp.data import native
 
@@ -29,7 +34,8 @@ setup_py = _load_setup()
 
 def test_the_library_file_is_the_one_native_py_loads():
     [ext] = setup_py.native_extensions({})
-    assert ext.name == setup_py.EXTENSION and ext.sources == [setup_py.SOURCE] and ext.libraries == ["jpeg"]
+    assert ext.name == setup_py.EXTENSION and ext.sources == [setup_py.SOURCE]
+    assert ext.libraries == [] and "-Wl,--exclude-libs,ALL" in ext.extra_link_args  # libjpeg: static, hidden
     command = setup_py.BuildNative(Distribution())
     built = Path(command.get_ext_filename(ext.name))
     assert built == Path("yolov5_smddp/data") / native.LIBRARY_NAME
@@ -41,52 +47,71 @@ def test_the_opt_out_builds_nothing():
     assert len(setup_py.native_extensions({setup_py.OPT_OUT_ENV: "0"})) == 1
 
 
-def test_find_header(tmp_path):
-    empty, full = tmp_path / "empty", tmp_path / "full"
-    empty.mkdir()
-    full.mkdir()
-    (full / "jpeglib.h").write_text("/* */\n")
-    assert setup_py.find_header([]) is None
-    assert setup_py.find_header([empty]) is None
-    assert setup_py.find_header([empty, full]) == full
-    assert setup_py.find_header([tmp_path / "absent", full, empty]) == full
-
-
-def test_candidates_include_the_compilers_variables(monkeypatch, tmp_path):
-    monkeypatch.setattr(setup_py, "pkg_config", lambda flag: [tmp_path / "pc"])
-    dirs = setup_py.include_candidates(
-        {"CPATH": f"{tmp_path / 'c1'}:{tmp_path / 'c2'}", "C_INCLUDE_PATH": ""}
+def test_the_tarball_comes_from_the_named_source_or_upstream_then_the_apt_mirrors(tmp_path):
+    apt = tmp_path / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list").write_text(
+        "# deb http://commented.example/x stable main\ndeb [arch=amd64] http://a.example/debian stable main\ndeb-src http://src.example/d stable main\n"
     )
-    assert dirs[:3] == [tmp_path / "pc", tmp_path / "c1", tmp_path / "c2"]
-    assert dirs[-1] == Path("/usr/include")
+    (apt / "sources.list.d" / "b.sources").write_text(
+        "Types: deb\nURIs: https://b.example/ubuntu/\nSuites: jammy\n"
+    )
+    mirrors = setup_py.apt_mirrors((apt,))
+    assert mirrors == ["http://a.example/debian", "https://b.example/ubuntu"]
+    assert setup_py.tarball_sources({}, mirrors) == [
+        setup_py.LIBJPEG_TURBO_URL,
+        f"http://a.example/debian/{setup_py.MIRROR_PATH}",
+        f"https://b.example/ubuntu/{setup_py.MIRROR_PATH}",
+    ]
+    assert setup_py.tarball_sources({setup_py.SOURCE_ENV: "/x/t.tar.gz"}, mirrors) == ["/x/t.tar.gz"]
 
 
-def test_the_refusal_names_the_packages_and_the_opt_out(tmp_path):
-    said = setup_py.missing_message([tmp_path])
+def test_a_tarball_whose_hash_differs_is_refused_with_one_line(tmp_path):
+    wrong = tmp_path / "libjpeg-turbo.tar.gz"
+    wrong.write_bytes(b"not libjpeg-turbo")
+    dest = tmp_path / "build" / "t.tar.gz"
+    with pytest.raises(PlatformError) as caught:
+        setup_py.fetch_tarball([str(wrong), str(tmp_path / "absent.tar.gz")], dest)
+    said = str(caught.value)
+    assert "\n" not in said and f"{wrong}: SHA-256 {hashlib.sha256(b'not libjpeg-turbo').hexdigest()}" in said
+    assert "absent.tar.gz" in said and setup_py.SOURCE_ENV in said and not dest.exists()
+    good = tmp_path / "good.tar.gz"
+    good.write_bytes(b"pinned")
+    assert (
+        setup_py.fetch_tarball([str(wrong), str(good)], dest, hashlib.sha256(b"pinned").hexdigest()) == dest
+    )
+    assert dest.read_bytes() == b"pinned"
+
+
+def test_the_refusal_names_the_tools_and_the_opt_out():
+    said = setup_py.missing_message(["cmake", "nasm"])
     assert "\n" not in said
     assert said.startswith(
-        f"yolov5-smddp's native loader needs jpeglib.h (libjpeg-turbo >= 1.5), not found in {tmp_path}:"
+        f"yolov5-smddp's native loader builds libjpeg-turbo {setup_py.LIBJPEG_TURBO_VERSION} and needs cmake, nasm"
     )
-    for name in ("libjpeg62-turbo-dev", "libjpeg-turbo-devel", "YOLOV5_SMDDP_NO_NATIVE=1"):
+    for name in ("apt-get install gcc cmake nasm", "dnf install gcc cmake nasm", "YOLOV5_SMDDP_NO_NATIVE=1"):
         assert name in said
+    assert setup_py.missing_tools(lambda tool: None if tool == "nasm" else "/usr/bin/" + tool) == ["nasm"]
 
 
 _REFUSE = """
 import importlib.util, sys
 from pathlib import Path
-out, empty = sys.argv[1:]
+out, = sys.argv[1:]
 spec = importlib.util.spec_from_file_location("yolov5_smddp_setup", "setup.py")
 setup_py = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(setup_py)
-setup_py.include_candidates = lambda environ: [Path(empty)]
+setup_py.missing_tools = lambda: ["cmake", "nasm"]
 setup_py.main(["-q", "build_ext", "--build-lib", out, "--build-temp", out])
 """
 
 
-def _refused_build(out, include_dir) -> subprocess.CompletedProcess:
-    """The real setup() with the header search pointed at `include_dir`: it must exit 1 without a traceback."""
+def test_an_install_without_the_build_tools_fails_with_one_line(tmp_path):
+    """The real setup() and build_ext without cmake and nasm: exit status 1, the refusal as the last line, no
+    traceback, nothing compiled."""
+    out = tmp_path / "build"
     proc = subprocess.run(
-        [sys.executable, "-c", _REFUSE, str(out), str(include_dir)],
+        [sys.executable, "-c", _REFUSE, str(out)],
         cwd=REPO,
         env={**os.environ, setup_py.OPT_OUT_ENV: ""},
         capture_output=True,
@@ -95,27 +120,29 @@ def _refused_build(out, include_dir) -> subprocess.CompletedProcess:
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    return proc
-
-
-def test_an_install_without_the_headers_fails_with_one_line(tmp_path):
-    """The real setup() and build_ext, with the header search pointed at an empty folder: exit status 1,
-    the refusal as the last line, no traceback, nothing compiled."""
-    empty, out = tmp_path / "empty", tmp_path / "build"
-    empty.mkdir()
-    proc = _refused_build(out, empty)
-    assert proc.stderr.strip().splitlines()[-1] == "error: " + setup_py.missing_message([empty])
+    assert proc.stderr.strip().splitlines()[-1] == "error: " + setup_py.missing_message(["cmake", "nasm"])
     assert not list(out.rglob("*.o")) and not list(out.rglob("*.so"))
 
 
-def test_a_libjpeg_that_does_not_compile_fails_with_one_line(tmp_path):
-    """A jpeglib.h that is not libjpeg-turbo's (here one that stops the compiler): the compile fails and the
-    last line says what the library needs and how to get it or opt out."""
-    other, out = tmp_path / "other", tmp_path / "build"
-    other.mkdir()
-    (other / "jpeglib.h").write_text('#error "not libjpeg-turbo"\n')
-    proc = _refused_build(out, other)
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: {setup_py.SOURCE} did not compile against {other / 'jpeglib.h'} (")
-    assert last.endswith(setup_py.INSTALL_HINT) and "libjpeg-turbo >= 1.5" in last
-    assert not list(out.rglob("*.so"))
+_NO_LIBJPEG_MAPPED = """
+import json
+from yolov5_smddp.data import native
+lib = native.library()
+maps = [line.split()[-1] for line in open("/proc/self/maps") if "libjpeg" in line]
+print(json.dumps({"why_not": native.why_not(), "libjpeg mapped": sorted(set(maps))}))
+"""
+
+
+def test_the_installed_library_carries_its_own_libjpeg(tmp_path):
+    """Loaded alone, the library maps no libjpeg shared object: libjpeg-turbo is linked in, statically."""
+    installed_library()
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_LIBJPEG_MAPPED],
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"why_not": "", "libjpeg mapped": []}

@@ -1,7 +1,8 @@
 """native.library() loads the library that `pip install` built into the package (setup.py), found beside
 native.py or in the installed package behind a source checkout, and loads it whatever was imported first:
-pip's torchvision (the DLC's) brings an older libjpeg.so.62 that the dynamic linker would hand to our library
-(no jpeg_skip_scanlines), so the region decoder was off in every process that imported torchvision first."""
+pip's torchvision (the DLC's) brings an older libjpeg.so.62 that the dynamic linker would hand to a library
+linked to the system's (no jpeg_skip_scanlines), so ours carries a static libjpeg-turbo of its own and the
+process keeps one libc (the dlmopen fallback it replaces mapped a second one)."""
 
 import json
 import subprocess
@@ -16,10 +17,13 @@ from yolov5_smddp.data import native
 REPO = Path(__file__).resolve().parent.parent.parent
 
 _AFTER_TORCHVISION = """
-import json, torchvision
+import json, os
+import torchvision.io  # torchvision's image library (and the libjpeg it bundles) loaded, as in a training
 from yolov5_smddp.data import jpeg_roi, native
+libcs = [line.split()[-1] for line in open("/proc/self/maps") if line.split()[1][2] == "x"
+         and os.path.basename(line.split()[-1]).startswith(("libc.so", "libc-"))]
 print(json.dumps({"why_not": native.why_not(), "region": jpeg_roi.region_decoder() is not None,
-                  "restarts": jpeg_roi.restart_decoder() is not None}))
+                  "restarts": jpeg_roi.restart_decoder() is not None, "executable libc mappings": len(libcs)}))
 """
 
 
@@ -38,6 +42,7 @@ def test_the_library_loads_and_passes_its_checks_after_torchvision(tmp_path):
         "why_not": "",
         "region": True,
         "restarts": True,
+        "executable libc mappings": 1,
     }
 
 

@@ -108,30 +108,33 @@ def test_the_largest_release_configs_still_build():
 
 
 def test_model_bombs_stay_small_in_memory(tmp_path):
-    """Every bomb, in a fresh process: refused, and the peak RSS stays under 600 MB (torch's import is
-    ~350 MB of it); before the bounds, `channels: 1e9` tried a 108 GB allocation. VmHWM, not ru_maxrss:
-    the latter carries the forking pytest's peak over the exec."""
+    """Every bomb, in a fresh process: refused, and the peak RSS rises less than 150 MB over the process's
+    peak with torch and the model code imported (torch 2.15's import alone peaks at ~530 MB); before the
+    bounds, `channels: 1e9` tried a 108 GB allocation. VmHWM, not ru_maxrss: the latter carries the forking
+    pytest's peak over the exec."""
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([CASES[c][0] for c in sorted(CASES)]))
     script = (
         "import json, sys\n"
         "from yolov5_smddp.errors import ConfigError\n"
         "from yolov5_smddp.models.yolo import build_model\n"
+        "def peak_kb():\n"
+        "    return int(next(line for line in open('/proc/self/status') if line.startswith('VmHWM:')).split()[1])\n"
+        "baseline = peak_kb()\n"
         "refused = 0\n"
         "for config in json.load(open(sys.argv[1])):\n"
         "    try:\n"
         "        build_model(config)\n"
         "    except ConfigError:\n"
         "        refused += 1\n"
-        "peak_kb = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:')).split()[1]\n"
-        "print(refused, int(peak_kb) // 1024)\n"
+        "print(refused, (peak_kb() - baseline) // 1024)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(configs)], capture_output=True, text=True, timeout=300, check=True
     )
-    refused, peak_mb = map(int, done.stdout.split())
+    refused, rise_mb = map(int, done.stdout.split())
     assert refused == len(CASES)
-    assert peak_mb < 600, peak_mb
+    assert rise_mb < 150, rise_mb
 
 
 def test_info_on_a_bomb_yaml_is_one_error_line(tmp_path, capsys):

@@ -514,7 +514,9 @@ def test_the_dlc_is_written_once_and_the_dockerfile_repeats_it():
     root = Path(__file__).resolve().parents[2]
     dockerfile = (root / "Dockerfile").read_text()
     assert f"ARG DLC_ACCOUNT={dlc.DLC_ACCOUNT}\n" in dockerfile
-    assert f"ARG DLC_TAG={dlc.DLC_TAG}\n" in dockerfile
+    assert f"ARG SMDDP_DLC_TAG={dlc.SMDDP_DLC_TAG}\n" in dockerfile
+    assert f"ARG CURRENT_DLC_TAG={dlc.CURRENT_DLC_TAG}\n" in dockerfile
     sources = [root / "build.sh", *sorted((root / "yolov5_smddp").rglob("*.py"))]
-    writers = sorted(str(p.relative_to(root)) for p in sources if dlc.DLC_TAG in p.read_text())
-    assert writers == ["yolov5_smddp/dlc.py"]
+    for tag in (dlc.SMDDP_DLC_TAG, dlc.CURRENT_DLC_TAG):
+        writers = sorted(str(p.relative_to(root)) for p in sources if tag in p.read_text())
+        assert writers == ["yolov5_smddp/dlc.py"]

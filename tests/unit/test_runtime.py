@@ -1,12 +1,10 @@
 """runtime: the per-rank CPU thread cap and cuDNN's autotuner (pure decisions, then applied in torch),
 and that a training run applies and logs them."""
 
-import dataclasses
-import json
+import logging
 
 import pytest
 import torch
-from child_python import run_python
 from tiny_training import tiny_training
 
 from yolov5_smddp.train.runtime import (
@@ -105,36 +103,20 @@ def test_apply_sets_torch(monkeypatch):
         torch.backends.cudnn.benchmark = benchmark
 
 
-# the training runs in a child process, as every training does in production (the SageMaker driver and the
-# launchers start it as a program): in the pytest process, after ~980 other tests, on the DLC's versions
-# (torch 2.5.1 from PyPI, our native library loaded through dlmopen with a second libc), a forked loader worker
-# of this in-process run died with SIGSEGV (in two full suites, and in the unit tests up to this file run
-# alone, at b792c6a as after it). A risk of the dlmopen fallback
-# (yolov5_smddp/data/native.py, _open), named and not fixed.
-_RUNTIME_RUN = """
-import dataclasses, json, os, sys
-os.environ.pop("OMP_NUM_THREADS", None)
-from yolov5_smddp.train import trainer
-from yolov5_smddp.commands.train import main
-
-applied = []
-trainer.apply_runtime = applied.append
-trainer.os.cpu_count = lambda: 6
-code = main(sys.argv[1:])
-print(json.dumps({"code": code, "applied": [dataclasses.asdict(a) for a in applied]}))
-"""
-
-
-def test_a_training_run_applies_and_logs_them(tmp_path):
+def test_a_training_run_applies_and_logs_them(tmp_path, monkeypatch, caplog):
+    from yolov5_smddp.commands.train import main
     from yolov5_smddp.data.synthetic import make_default_dataset
+    from yolov5_smddp.train import trainer
 
     data = make_default_dataset(tmp_path / "data", n_train=4, n_val=2, imgsz=64, seed=1)
+    applied = []
+    monkeypatch.setattr(trainer, "apply_runtime", applied.append)
+    monkeypatch.setattr(trainer.os, "cpu_count", lambda: 6)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = tmp_path / "run"
     argv = tiny_training(out, data, "--epochs", "1", "--noplots", batch_size=2, workers=2)
-    proc = run_python(_RUNTIME_RUN, *argv, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.splitlines()[-1])
+    with caplog.at_level(logging.INFO):
+        assert main(argv) == 0
     why = "6 cores / 1 local ranks - 2 loader workers"
-    assert result["code"] == 0
-    assert result["applied"] == [dataclasses.asdict(RuntimeSettings(4, False, "no CUDA device", why))]
-    assert f"cpu threads/rank 4 ({why}); cudnn.benchmark off (no CUDA device)" in proc.stdout
+    assert applied == [RuntimeSettings(4, False, "no CUDA device", why)]
+    assert f"cpu threads/rank 4 ({why}); cudnn.benchmark off (no CUDA device)" in caplog.text

@@ -196,9 +196,10 @@ def test_a_failing_onnx_export_leaves_a_folder_that_deploys(tmp_path, monkeypatc
     monkeypatch.setattr(export, "_onnx", broken)
     with caplog.at_level(logging.WARNING):
         written = write_model_folder(tmp_path, build_model("yolov5n", nc=2), 64)
-    assert sorted(written) == ["handler", "torchscript"]
+    model_format = serving_formats()[0]  # pt2 on torch >= 2.10, else torchscript
+    assert sorted(written) == ["handler", model_format]
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
-        "best.torchscript",
+        "best" + export.SUFFIXES[model_format],
         "code/inference.py",
     ]
     assert "best.onnx not written (RuntimeError: exporter bug)" in caplog.text
@@ -213,9 +214,10 @@ def test_after_a_sigterm_exports_are_written_only_while_the_window_allows(tmp_pa
     clock = iter([EXPORT_MARGIN_S + 1, EXPORT_MARGIN_S - 1])  # seconds left, asked before each export
     with caplog.at_level(logging.WARNING):
         written = write_model_folder(tmp_path / "a", model, 64, time_left=lambda: next(clock))
-    assert sorted(written) == ["handler", "torchscript"]
+    model_format = serving_formats()[0]  # pt2 on torch >= 2.10, else torchscript
+    assert sorted(written) == ["handler", model_format]
     assert sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file()) == [
-        "best.torchscript",
+        "best" + export.SUFFIXES[model_format],
         "code/inference.py",
     ]
     assert "model folder: best.onnx skipped: 29 s left before SIGKILL" in caplog.text

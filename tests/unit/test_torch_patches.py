@@ -29,7 +29,9 @@ def test_installed_torch_has_the_surface_the_patches_assume():
 class _Context:
     """A PContext whose _close records what the agent's close asked for."""
 
-    _stdout_tail = _stderr_tail = None
+    _stdout_tail = _stderr_tail = None  # torch 2.5 / 2.6
+    _tail_logs = ()  # torch 2.10 on: close() stops these and closes the filtered streams after _close
+    filtered_stdout = filtered_stderr = None
 
     def _close(self, death_sig, timeout):
         self.closed = (death_sig, timeout)

@@ -89,28 +89,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-LM_ID_NEWLM = -1  # dlmopen(3): a new link-map namespace
-
-
 def _open(path: Path) -> ctypes.CDLL:
-    """ctypes.CDLL(path); when that fails on a libjpeg symbol, `path` in a link-map namespace of its own
-    (dlmopen), where it gets the system's libjpeg. pip's torchvision (the DLC's) carries an older
-    libjpeg.so.62 without jpeg_skip_scanlines; once `import torchvision` has loaded it, the dynamic linker
-    hands it to every later library that needs libjpeg.so.62. The library allocates and frees its own
-    memory (yv5_free), so a namespace of its own is safe."""
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError as exc:
-        if "undefined symbol: jpeg_" not in str(exc):
-            raise
-    libc = ctypes.CDLL(None)  # dlmopen: in libc from glibc 2.34 on, in libdl before
-    dlmopen = libc.dlmopen if hasattr(libc, "dlmopen") else ctypes.CDLL("libdl.so.2").dlmopen
-    dlmopen.restype, dlmopen.argtypes = ctypes.c_void_p, (ctypes.c_long, ctypes.c_char_p, ctypes.c_int)
-    handle = dlmopen(LM_ID_NEWLM, os.fsencode(path), os.RTLD_NOW | os.RTLD_LOCAL)
-    if not handle:
-        libc.dlerror.restype = ctypes.c_char_p
-        raise OSError(f"{path}: dlmopen in a namespace of its own failed too: {libc.dlerror()!r}")
-    return ctypes.CDLL(str(path), handle=handle)
+    """ctypes.CDLL(path): a plain dlopen. The library carries its own static libjpeg-turbo with the symbols
+    hidden (setup.py), so whatever libjpeg the process already holds (pip's torchvision bundles an older
+    libjpeg.so.62) is never bound to it, and no second libc is mapped: one link-map namespace."""
+    return ctypes.CDLL(str(path))
 
 
 def _not_built_because() -> str:

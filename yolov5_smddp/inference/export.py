@@ -36,9 +36,10 @@ from yolov5_smddp.models.yolo import DetectionModel
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("torchscript", "onnx", "openvino", "engine")
+FORMATS = ("torchscript", "pt2", "onnx", "openvino", "engine")
 SUFFIXES = {
     "torchscript": ".torchscript",
+    "pt2": ".pt2",  # a torch.export ExportedProgram (torch.export.save), the successor of TorchScript
     "onnx": ".onnx",
     "openvino": "_openvino_model",
     "engine": ".engine",
@@ -150,6 +151,8 @@ def export_model(
         path = stem.with_name(stem.name + SUFFIXES[fmt])  # not with_suffix: a stem may hold dots (v3.0-x)
         if fmt == "torchscript":
             _torchscript(module, example, path, _config(model, example, options))
+        elif fmt == "pt2":
+            _pt2(module, example, path, _config(model, example, options))
         elif fmt == "onnx":
             _onnx(module, example, path, options, _metadata(model), output.shape[2])
         else:
@@ -193,6 +196,15 @@ def _torchscript(module: nn.Module, example: torch.Tensor, path: Path, config: d
         torch.jit.save(traced, handle, _extra_files=extra)
 
 
+def _pt2(module: nn.Module, example: torch.Tensor, path: Path, config: dict) -> None:
+    """The module as a torch.export ExportedProgram (no TorchScript: torch deprecates torch.jit from 2.10
+    on), its config as the archive's extra file config.txt, as best.torchscript carries it."""
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.export.export(module, (example,), strict=False)
+    with atomic_write(path) as handle:
+        torch.export.save(program, handle, extra_files={TORCHSCRIPT_CONFIG: json.dumps(config)})
+
+
 @contextmanager
 def _written_as(path: Path) -> Iterator[None]:
     """A write failure inside the block (torch.onnx.export's own file: a full disk) → OutputError for
@@ -217,6 +229,29 @@ def require_onnx():
     return onnx
 
 
+NEW_ONNX_EXPORTER_FROM = (2, 10)
+NEW_EXPORTER_MIN_OPSET = 18
+
+
+def new_onnx_exporter(torch_version: str | None = None) -> bool:
+    """Whether ONNX export uses torch's torch.export-based exporter (torch >= 2.10) rather than the
+    deprecated TorchScript-based one."""
+    release = tuple(int(p) for p in (torch_version or torch.__version__).split("+")[0].split(".")[:2])
+    return release >= NEW_ONNX_EXPORTER_FROM
+
+
+def require_onnxscript():
+    """The `onnxscript` package (torch's new ONNX exporter needs it), or ConfigError saying how to get it."""
+    try:
+        import onnxscript
+    except ImportError:
+        raise ConfigError(
+            f"ONNX export on torch {torch.__version__} needs the onnxscript package, which is not installed "
+            "(pip install onnxscript)"
+        ) from None
+    return onnxscript
+
+
 def _onnx(
     module: nn.Module,
     example: torch.Tensor,
@@ -228,7 +263,14 @@ def _onnx(
     onnx = require_onnx()
     kwargs = {}
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        kwargs["dynamo"] = False  # the TorchScript-based exporter: named dynamic axes, any torch >= 2.1
+        # torch >= 2.10: the torch.export-based exporter (needs onnxscript; the TorchScript-based one is
+        # deprecated there); older torch: the TorchScript-based one (named dynamic axes, any torch >= 2.1)
+        kwargs["dynamo"] = new_onnx_exporter()
+        if kwargs["dynamo"]:
+            require_onnxscript()
+            kwargs["optimize"] = True
+            if "external_data" in inspect.signature(torch.onnx.export).parameters:
+                kwargs["external_data"] = False  # one file (else the weights land in <tmp>.data beside it)
     dynamic_axes = None
     if options.dynamic:
         dynamic_axes = {
@@ -245,7 +287,10 @@ def _onnx(
                 module,
                 (example,),
                 str(tmp),
-                opset_version=options.opset,
+                # torch's new exporter builds opset 18 (its version converter has no Resize adapter down to 17)
+                opset_version=max(options.opset, NEW_EXPORTER_MIN_OPSET)
+                if kwargs.get("dynamo")
+                else options.opset,
                 input_names=[INPUT_NAME],
                 output_names=[OUTPUT_NAME],
                 dynamic_axes=dynamic_axes,
@@ -257,6 +302,16 @@ def _onnx(
         channels = graph.graph.output[0].type.tensor_type.shape.dim[2]
         channels.Clear()
         channels.dim_value = channels_out
+        if (
+            options.dynamic
+        ):  # the names the TorchScript-based exporter gave (the new one names them s0, s1, ...)
+            for value, names in (
+                (graph.graph.input[0], ("batch", None, "height", "width")),
+                (graph.graph.output[0], ("batch", "anchors", None)),
+            ):
+                for dim, name in zip(value.type.tensor_type.shape.dim, names, strict=True):
+                    if name is not None and not dim.HasField("dim_value"):
+                        dim.dim_param = name
         if options.simplify:
             graph = simplified(graph)
         onnx.checker.check_model(graph)
@@ -267,6 +322,7 @@ def _onnx(
             handle.write(graph.SerializeToString())
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)  # the new exporter's external data, if any
 
 
 def simplified(graph):

@@ -1,16 +1,20 @@
-"""The model folder that deploys: TorchScript (+ ONNX when the onnx package is present) and the
-self-contained SageMaker PyTorch serving handler `code/inference.py`, written beside best.pt at the end of
-training (on SageMaker /opt/ml/model, packed into model.tar.gz)."""
+"""The model folder that deploys: best.pt2 (a torch.export program) on torch >= 2.10, best.torchscript on
+older torch or on request (YOLOV5_SMDDP_TORCHSCRIPT=1: for serving stacks that only load TorchScript), + ONNX
+when the onnx package is present, and the self-contained serving handler `code/inference.py`, written beside
+best.pt at the end of training (on SageMaker /opt/ml/model, packed into model.tar.gz). Nothing on the default
+path uses an API that torch deprecates (torch.jit warns from 2.10 on)."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from yolov5_smddp.errors import OutputError
@@ -31,9 +35,27 @@ def handler_source() -> str:
     return resources.files("yolov5_smddp.serving").joinpath(HANDLER).read_text(encoding="utf-8")
 
 
-def serving_formats() -> tuple[str, ...]:
-    """torchscript always; onnx when the onnx package can be imported."""
-    return ("torchscript", "onnx") if importlib.util.find_spec("onnx") is not None else ("torchscript",)
+TORCHSCRIPT_ENV = "YOLOV5_SMDDP_TORCHSCRIPT"
+PT2_FROM = (2, 10)
+"""The first torch whose model folder holds best.pt2 instead of best.torchscript (torch.jit deprecated)."""
+
+
+def serving_formats(
+    torch_version: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """pt2 on torch >= 2.10, else torchscript; torchscript as well on request ($YOLOV5_SMDDP_TORCHSCRIPT=1);
+    onnx when the onnx package (and on torch >= 2.10 onnxscript) can be imported. Cheapest first."""
+    environ = os.environ if environ is None else environ
+    release = tuple(int(p) for p in (torch_version or torch.__version__).split("+")[0].split(".")[:2])
+    formats = ["pt2"] if release >= PT2_FROM else ["torchscript"]
+    if release >= PT2_FROM and environ.get(TORCHSCRIPT_ENV, "").strip() == "1":
+        formats.append("torchscript")
+    onnx_packages = (
+        ("onnx", "onnxscript") if release >= PT2_FROM else ("onnx",)
+    )  # onnxscript: the new exporter
+    if all(importlib.util.find_spec(name) is not None for name in onnx_packages):
+        formats.append("onnx")
+    return tuple(formats)
 
 
 EXPORT_MARGIN_S = 30.0
@@ -57,7 +79,8 @@ def write_model_folder(
     float16_weights: bool = False,
     time_left: Callable[[], float | None] | None = None,
 ) -> dict[str, Path]:
-    """Write code/inference.py, then best.torchscript (+ best.onnx) for a float32 CPU copy of `model` at
+    """Write code/inference.py, then best.pt2 or best.torchscript (+ best.onnx; `serving_formats()`) for a
+    float32 CPU copy of `model` at
     imgsz × imgsz, in order of cost; returns {name: path}. `model` itself is left untouched.
     `float16_weights` rounds the copy's weights through float16 first, so the files compute what a
     float16 best.pt computes. `time_left()`: seconds until SIGKILL after a SIGTERM (None without one);
@@ -70,7 +93,7 @@ def write_model_folder(
     export_copy.float()
     shape = (imgsz, imgsz)
     skipped = []
-    for fmt in serving_formats():  # torchscript, then onnx: cheapest first
+    for fmt in serving_formats():  # pt2 / torchscript, then onnx: cheapest first
         left = time_left() if time_left is not None else None
         if left is not None and left < EXPORT_MARGIN_S:
             skipped.append(f"{STEM}{export.SUFFIXES[fmt]}")
@@ -108,7 +131,7 @@ def write_serving_files(
         raise
     except Exception as exc:  # export covers many torch / onnx code paths; the weights are safe already
         log.warning(
-            "model folder: code/inference.py / TorchScript / ONNX not written (%s: %s)",
+            "model folder: code/inference.py / pt2 / TorchScript / ONNX not written (%s: %s)",
             type(exc).__name__,
             exc,
         )

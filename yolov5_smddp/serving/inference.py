@@ -2,7 +2,8 @@
 
 Copied into the model folder as code/inference.py. It runs in the SageMaker PyTorch inference container,
 which does not have the yolov5_smddp package: it needs only torch, torchvision, numpy and OpenCV, and loads
-the TorchScript file best.torchscript (its config.txt gives the input size and class names).
+best.pt2 (a torch.export program, the default from torch 2.10 on) or else the TorchScript file
+best.torchscript (for each, its config.txt gives the input size and class names).
 
 Requests: an encoded JPEG, PNG, BMP, WebP or TIFF image (content types image/jpeg, image/png, image/bmp,
 image/webp, image/tiff, application/x-image; the format is read from the bytes), or application/x-npy (a
@@ -33,6 +34,7 @@ import torch
 from torchvision.ops import batched_nms
 
 MODEL_FILE = "best.torchscript"
+PROGRAM_FILE = "best.pt2"
 CONFIG_FILE = "config.txt"
 PAD_VALUE = 114
 MAX_NMS = 30000
@@ -90,10 +92,16 @@ def thresholds() -> tuple[float, float, int]:
 
 
 def model_fn(model_dir: str) -> dict:
-    """The TorchScript detector and its config: {"module", "device", "imgsz" (h, w), "names", "half"}."""
+    """The detector (best.pt2, else best.torchscript) and its config: {"module", "device", "imgsz" (h, w),
+    "names", "half", "torchscript"}."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     extra = {CONFIG_FILE: ""}
-    module = torch.jit.load(os.path.join(model_dir, MODEL_FILE), map_location=device, _extra_files=extra)
+    program = os.path.join(model_dir, PROGRAM_FILE)
+    torchscript = not os.path.isfile(program)
+    if torchscript:
+        module = torch.jit.load(os.path.join(model_dir, MODEL_FILE), map_location=device, _extra_files=extra)
+    else:
+        module = torch.export.load(program, extra_files=extra).module().to(device)
     config = json.loads(extra[CONFIG_FILE] or "{}")
     shape = config.get("shape", [1, 3, 640, 640])
     imgsz = config.get("imgsz", shape[2:4])
@@ -101,11 +109,12 @@ def model_fn(model_dir: str) -> dict:
     if isinstance(names, dict):
         names = [str(names[k]) for k in sorted(names, key=int)]
     return {
-        "module": module.eval(),
+        "module": module.eval() if torchscript else module,  # an exported program has no train/eval modes
         "device": device,
         "imgsz": (int(imgsz[0]), int(imgsz[1])),
         "names": list(names),
         "half": bool(config.get("half", False)),
+        "torchscript": torchscript,
     }
 
 
@@ -357,7 +366,10 @@ def forward(model: dict, x: torch.Tensor) -> torch.Tensor:
     the next ones with the same image, and from `yolov5-smddp predict`. Optimization off: every request runs
     the graph as exported (what predict computes; on the CPU no slower within noise, measured); a conv-SiLU
     detector leaves the fuser little to gain."""
-    with torch.jit.optimized_execution(False):
+    if model.get("torchscript", True):
+        with torch.jit.optimized_execution(False):
+            pred = model["module"](x)
+    else:  # an exported program runs as exported: no profiling executor
         pred = model["module"](x)
     return pred[0] if isinstance(pred, list | tuple) else pred
 
