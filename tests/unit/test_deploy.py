@@ -1,4 +1,4 @@
-"""Deploy builders (SDK v2 PyTorchModel / deploy, SDK v3 ModelBuilder) and the example's --dry-run."""
+"""Deploy builders (SDK v2 Model / deploy, SDK v3 ModelBuilder over our own image) and the example's --dry-run."""
 
 from __future__ import annotations
 
@@ -11,27 +11,27 @@ import pytest
 from yolov5_smddp.client.deploy import (
     DeploySpec,
     deploy_kwargs,
-    inference_image_uri,
     model_builder_deploy_kwargs,
     model_builder_kwargs,
-    pytorch_model_kwargs,
+    model_kwargs,
 )
 from yolov5_smddp.errors import ConfigError
 
 ROLE = "arn:aws:iam::111111111111:role/SageMakerRole"
 DATA = "s3://bucket/yolov5-smddp-2026/output/model.tar.gz"
+IMAGE = "111111111111.dkr.ecr.us-west-2.amazonaws.com/yolov5-smddp:current"
 
 
-def test_sdk_v2_arguments():
-    spec = DeploySpec(model_data=DATA, role=ROLE, thresholds={"YOLOV5_CONF": "0.4"}, endpoint_name="det")
-    assert pytorch_model_kwargs(spec) == {
+def test_sdk_v2_arguments_serve_our_image():
+    spec = DeploySpec(
+        model_data=DATA, role=ROLE, image_uri=IMAGE, thresholds={"YOLOV5_CONF": "0.4"}, endpoint_name="det"
+    )
+    assert model_kwargs(spec) == {
+        "image_uri": IMAGE,
         "model_data": DATA,
         "role": ROLE,
-        "entry_point": "inference.py",
-        "source_dir": "code",
-        "framework_version": "2.5.1",
-        "py_version": "py311",
         "env": {"YOLOV5_CONF": "0.4"},
+        "predictor_cls": "sagemaker.predictor.Predictor",
     }
     assert deploy_kwargs(spec) == {
         "initial_instance_count": 1,
@@ -42,20 +42,48 @@ def test_sdk_v2_arguments():
     }
 
 
-def test_sdk_v3_arguments_pick_the_inference_container_by_instance_type():
-    spec = DeploySpec(model_data=DATA, role=ROLE, instance_type="ml.c5.xlarge", region="eu-west-1")
+def test_sdk_v3_arguments_serve_our_image():
+    digest = "111111111111.dkr.ecr.eu-west-1.amazonaws.com/team/yolov5-smddp@sha256:" + "ab" * 32
+    spec = DeploySpec(
+        model_data=DATA,
+        role=ROLE,
+        image_uri=digest,
+        instance_type="ml.c5.xlarge",
+        region="eu-west-1",
+        thresholds={"YOLOV5_IOU": "0.5", "YOLOV5_MAX_DET": "100"},
+    )
     assert model_builder_kwargs(spec) == {
         "model_path": DATA,
-        "image_uri": "763104351884.dkr.ecr.eu-west-1.amazonaws.com/pytorch-inference:"
-        "2.5.1-cpu-py311-ubuntu22.04-sagemaker",
+        "image_uri": digest,
         "role_arn": ROLE,
-        "env_vars": {"SAGEMAKER_PROGRAM": "inference.py", "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code"},
+        "env_vars": {"YOLOV5_IOU": "0.5", "YOLOV5_MAX_DET": "100"},
         "instance_type": "ml.c5.xlarge",
     }
     assert model_builder_deploy_kwargs(spec) == {"initial_instance_count": 1, "instance_type": "ml.c5.xlarge"}
-    assert inference_image_uri("us-east-1", "ml.g5.2xlarge") == (
-        "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-inference:2.5.1-gpu-py311-cu124-ubuntu22.04-sagemaker"
-    )
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "yolov5-smddp:latest",  # a local tag: SageMaker hosting pulls from ECR only
+        "docker.io/library/yolov5-smddp:latest",
+        "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-inference",  # no tag or digest
+        "11111111111.dkr.ecr.us-west-2.amazonaws.com/yolov5-smddp:latest",  # 11-digit account
+        "111111111111.dkr.ecr.us-west-2.amazonaws.com/Yolov5:latest",  # ECR repositories are lower case
+    ],
+)
+def test_an_image_outside_ecr_is_refused(image):
+    spec = DeploySpec(model_data=DATA, role=ROLE, image_uri=image)
+    refused = r"image URI .*: expected the ECR image the model was trained with"
+    for builder in (model_kwargs, deploy_kwargs, model_builder_kwargs, model_builder_deploy_kwargs):
+        with pytest.raises(ConfigError, match=refused):
+            builder(spec)
+
+
+def test_an_image_in_another_region_than_the_endpoint_is_refused():
+    spec = DeploySpec(model_data=DATA, role=ROLE, image_uri=IMAGE, region="eu-west-1")
+    with pytest.raises(ConfigError, match="is in us-west-2, the endpoint in eu-west-1"):
+        model_kwargs(spec)
 
 
 @pytest.mark.parametrize(
@@ -72,8 +100,8 @@ def test_sdk_v3_arguments_pick_the_inference_container_by_instance_type():
     ],
 )
 def test_bad_specs_are_named(change, message):
-    spec = DeploySpec(**{"model_data": DATA, "role": ROLE, **change})
-    for builder in (pytorch_model_kwargs, deploy_kwargs, model_builder_kwargs):
+    spec = DeploySpec(**{"model_data": DATA, "role": ROLE, "image_uri": IMAGE, **change})
+    for builder in (model_kwargs, deploy_kwargs, model_builder_kwargs):
         with pytest.raises(ConfigError, match=message):
             builder(spec)
 
@@ -88,14 +116,22 @@ def _example():
 
 def test_example_dry_run_prints_the_sdk_arguments(capsys):
     example = _example()
-    example.main(["--model-data", DATA, "--role", ROLE, "--env", "YOLOV5_IOU=0.5", "--dry-run"])
+    common = ["--model-data", DATA, "--role", ROLE, "--image-uri", IMAGE, "--dry-run"]
+    example.main([*common, "--env", "YOLOV5_IOU=0.5"])
     printed = json.loads(capsys.readouterr().out)
-    assert printed["PyTorchModel"]["entry_point"] == "inference.py"
-    assert printed["PyTorchModel"]["source_dir"] == "code"
-    assert printed["PyTorchModel"]["env"] == {"YOLOV5_IOU": "0.5"}
+    assert printed["Model"] == {
+        "image_uri": IMAGE,
+        "model_data": DATA,
+        "role": ROLE,
+        "env": {"YOLOV5_IOU": "0.5"},
+        "predictor_cls": "sagemaker.predictor.Predictor",
+    }
     assert printed["deploy"]["instance_type"] == "ml.g5.xlarge"
-    example.main(["--model-data", DATA, "--role", ROLE, "--sdk", "v3", "--dry-run"])
+    example.main([*common, "--sdk", "v3"])
     printed = json.loads(capsys.readouterr().out)
-    assert printed["ModelBuilder"]["env_vars"]["SAGEMAKER_PROGRAM"] == "inference.py"
+    assert printed["ModelBuilder"]["image_uri"] == IMAGE
+    assert printed["ModelBuilder"]["env_vars"] == {}
     with pytest.raises(ConfigError, match="--env 'YOLOV5_CONF': expected KEY=VALUE"):
-        example.main(["--model-data", DATA, "--role", ROLE, "--env", "YOLOV5_CONF", "--dry-run"])
+        example.main([*common, "--env", "YOLOV5_CONF"])
+    with pytest.raises(ConfigError, match="image URI 'yolov5-smddp:latest'"):
+        example.main([*common[:4], "--image-uri", "yolov5-smddp:latest", "--dry-run"])
