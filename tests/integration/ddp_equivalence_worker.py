@@ -28,6 +28,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -119,7 +120,7 @@ def train_and_save(info: process_group.DistInfo, device: torch.device, out_dir: 
         epoch=0,
         first_iteration=0,
         last_optimizer_iteration=-1,
-        settings_for=lambda _it: settings,
+        schedule=SimpleNamespace(settings=lambda _it, _epoch: settings),
         log_every=1000,
         max_nonfinite_steps=5,
         imgsz=IMGSZ,

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from yolov5_smddp import plots
-from yolov5_smddp.config.output_dirs import OutputDirs
-from yolov5_smddp.config.train_config import TrainConfig, check_freeze
+from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
@@ -36,7 +35,6 @@ from yolov5_smddp.telemetry import emit, metric_line
 from yolov5_smddp.train import checkpoint, data_wiring, mlflow_log, reporting
 from yolov5_smddp.train.budget import TimeBudget, counting_clock
 from yolov5_smddp.train.data_wiring import DataBundle
-from yolov5_smddp.train.decisions import Decisions, decide
 from yolov5_smddp.train.ema import unwrap
 from yolov5_smddp.train.engine import (
     EpochResult,
@@ -48,11 +46,13 @@ from yolov5_smddp.train.engine import (
 )
 from yolov5_smddp.train.optim_recipe import (
     build_training_stack,
+    check_freeze,
     freeze_layers,
     loss_multiplier,
     wrap_ddp,
 )
-from yolov5_smddp.train.resumption import resumable_checkpoint, resume
+from yolov5_smddp.train.resolve import ResolvedRun
+from yolov5_smddp.train.resumption import resume
 from yolov5_smddp.train.run_state import MIN_WARMUP_ITERS, EpochsOutcome, PlannedEpochs, Run
 from yolov5_smddp.train.runtime import RuntimeSettings, apply_runtime, decide_runtime
 from yolov5_smddp.train.stop_signal import StopOnSigterm
@@ -268,7 +268,7 @@ def train_epoch(
         epoch=epoch,
         first_iteration=state.iteration,
         last_optimizer_iteration=state.last_optimizer_iteration,
-        settings_for=run.settings_for(epoch),
+        schedule=run.schedule,
         log_every=config.log_every,
         max_nonfinite_steps=config.max_nonfinite_steps,
         imgsz=config.imgsz,
@@ -387,22 +387,12 @@ def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epo
     state.time_used = budget.used
 
 
-def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -> int:
-    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
-    SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
-    job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
-    with StopOnSigterm() as stop:
-        return _train(config, info, dirs, stop)
-
-
-def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, stop: StopOnSigterm) -> int:
-    started = time.perf_counter()
-
-    # -- the run resumed (--resume: its options; a checkpoint_dir/last.pt of the same run), else a new one
-    config, resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
-
-    # -- decisions: every config problem fails here, before any work
-    decided = decide(config, info)
+def train(resolved: ResolvedRun, stop: StopOnSigterm, started: float) -> int:
+    """Run (or resume) the training job `resolved` describes on this rank; returns 0, or EXIT_INTERRUPTED
+    after SIGTERM. `stop`: the job's SIGTERM flag, caught from the start (commands/train.py, before the run
+    is resolved) to the end: one that comes while the job is being set up stops it at its first step,
+    with a checkpoint and a model folder like any other. `started`: the job's perf_counter start."""
+    config, info, dirs, decided = resolved.config, resolved.info, resolved.dirs, resolved.decided
 
     # -- data: scanned on every rank BEFORE the process group exists
     bundle = data_wiring.scan_data(config, dirs.cache_dir)
@@ -423,8 +413,8 @@ def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, 
         )
 
     # -- the run (model, loss, EMA, optimizer, loaders), its resumed state, the step
-    run, train_loader, val_loader = build_run(config, info, dirs, decided, bundle, device, saved)
-    state = resume(run, resumable, saved)
+    run, train_loader, val_loader = build_run(resolved, bundle, device)
+    state = resume(run, resolved.resume_from, resolved.saved)
     step = build_step(run)
 
     # -- the epochs, then the final outputs on rank 0
@@ -444,24 +434,17 @@ def _train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs, 
     return EXIT_INTERRUPTED if outcome.interrupted else 0
 
 
-def build_run(
-    config: TrainConfig,
-    info: process_group.DistInfo,
-    dirs: OutputDirs,
-    decided: Decisions,
-    bundle: DataBundle,
-    device: torch.device,
-    saved: dict[str, Any] | None,
-) -> tuple[Run, Any, Any]:
-    """The Run of this rank and its train and val loaders: the model (from the resumed checkpoint `saved`'s
+def build_run(resolved: ResolvedRun, bundle: DataBundle, device: torch.device) -> tuple[Run, Any, Any]:
+    """The Run of this rank and its train and val loaders: the model (from the resumed checkpoint's
     model_cfg, else --cfg/--weights), the training stack built from it, SyncBatchNorm, the loaders (the
     warmup and the schedule need their length), the loader workers' thread settings."""
+    config, info, dirs, decided = resolved.config, resolved.info, resolved.dirs, resolved.decided
     model = build_detection_model(
         config,
         bundle,
         device,
         anchor_t=decided.hyp.anchor_t,
-        resume_cfg=saved.get("model_cfg") if saved is not None else None,
+        resume_cfg=resolved.resume_cfg,
     )
     stack = build_training_stack(
         model,
@@ -477,7 +460,7 @@ def build_run(
     train_loader, val_loader, workers = data_wiring.build_loaders(
         config,
         bundle,
-        stack.hyp.to_dict(),  # data/ takes the plain key: value form
+        stack.hyp,
         decided.plan.per_rank,
         info,
         int(model.stride.max()),
@@ -485,8 +468,6 @@ def build_run(
         dirs.cache_dir,
     )
     settings = runtime_for_loaders(config, info, device, workers)
-    # a restart keeps the schedule of the time budget's plan
-    planned = saved.get("planned_epochs") if config.time and saved is not None else None
     run = Run(
         config,
         info,
@@ -498,7 +479,7 @@ def build_run(
         stack,
         warmup_iters=max(round(stack.hyp.warmup_epochs * len(train_loader)), MIN_WARMUP_ITERS),
         batches_per_epoch=len(train_loader),
-        planned=PlannedEpochs(int(planned or config.epochs)),
+        planned=PlannedEpochs(resolved.planned_epochs),  # a restart keeps the time budget's plan
     )
     if run.main:
         log.info("%s", settings.log_line())
