@@ -153,7 +153,7 @@ def pipelines(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp.data.loader import collate
-    from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
     from yolov5_smddp.models.weights import load_weights, transfer_state
     from yolov5_smddp.models.yolo import build_model
 
@@ -200,7 +200,10 @@ def pipelines(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.eval()
         criterion = YoloLoss(
-            model, {**scale_loss_gains(hyp, model.detect.nl, cfg.nc, args.imgsz), "label_smoothing": 0.0}
+            model,
+            LossHyp.from_mapping(
+                {**scale_loss_gains(hyp, model.detect.nl, cfg.nc, args.imgsz), "label_smoothing": 0.0}
+            ),
         )
         for name, get in sides.items():
             total = torch.zeros(3)

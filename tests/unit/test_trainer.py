@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from yolov5_smddp.config.hyp import Hyp, load_hyp
-from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.train.ema import ModelEMA
@@ -179,7 +179,7 @@ def test_ema_decay_and_float_buffers():
 def _tiny_step(inject=None):
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=2)
-    criterion = YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64))
+    criterion = YoloLoss(model, LossHyp.from_mapping(scale_loss_gains(HYP, 3, 2, 64)))
     opt = build_optimizer(model, "SGD", 0.01, 0.9, 0.0)
     amp = AmpPolicy("off", "cpu")
     return model, TrainStep(
