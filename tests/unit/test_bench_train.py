@@ -183,9 +183,11 @@ def test_bench_train_times_the_colour_on_the_device_batch(tmp_path):
     """`--color-aug device`: the staged batches carry colour parameters and the step applies them (on
     CPU that costs far more than the workers' OpenCV, which is why `auto` keeps them there)."""
     from yolov5_smddp.benchmarks import inputs
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
 
-    staged = inputs.staged_synthetic(2, 64, 3, torch.device("cpu"), hyp=load_hyp("scratch-low"))
+    staged = inputs.staged_synthetic(
+        2, 64, 3, torch.device("cpu"), hyp=Hyp.from_dict(load_hyp("scratch-low"))
+    )
     assert all(color is not None and color.shape == (2, 6) for _, _, color in staged)
     assert all(color is None for _, _, color in inputs.staged_synthetic(2, 64, 3, torch.device("cpu")))
     plain = run_bench(tmp_path / "plain", "--amp", "off", "--channels-last", "off")
