@@ -4,11 +4,14 @@ schedule the engine asks (engine.Schedule)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from yolov5_smddp.config.hyp import Hyp, load_hyp
 from yolov5_smddp.config.output_dirs import OutputDirs
 from yolov5_smddp.config.train_config import parse_train_args
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.distributed.process_group import DistInfo
 from yolov5_smddp.train import checkpoint
 from yolov5_smddp.train.decisions import decide_device
@@ -68,3 +71,11 @@ def test_the_schedule_decays_over_the_epochs_it_is_given():
     settings = Schedule(epochs=4, **kw).settings(35, 3)  # after warmup: epoch 3 trains at lr_factor(2)
     assert settings.lrs["weight"] == hyp.lr0 * ((1 - 2 / 4) * (1 - hyp.lrf) + hyp.lrf)
     assert settings.accumulate == 1 and settings.momentum == hyp.momentum
+
+
+def test_the_data_reads_the_runs_typed_hyp():
+    """The trainer hands data/ the typed Hyp: the augmentation values are its attributes."""
+    hyp = dataclasses.replace(Hyp.from_dict(load_hyp("scratch-low")), mosaic=0.25, hsv_h=0.5)
+    params = AugmentParams.from_hyp(hyp)
+    assert (params.mosaic, params.hsv_h, params.fliplr, params.scale) == (0.25, 0.5, hyp.fliplr, hyp.scale)
+    assert AugmentParams.from_hyp(None) == AugmentParams()
