@@ -34,12 +34,12 @@ def _write(path: str | Path, payload: dict) -> None:
 
 def _step_for(model, device, amp, batch: int, imgsz: int, world: int, ddp: bool):
     from yolov5_smddp.benchmarks.train import bench_training_stack
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
     from yolov5_smddp.train.engine import TrainStep
     from yolov5_smddp.train.optim_recipe import wrap_ddp
 
     stack = bench_training_stack(
-        model, load_hyp("scratch-low"), nc=NC, imgsz=imgsz, batch=batch * world, amp=amp
+        model, Hyp.from_dict(load_hyp("scratch-low")), nc=NC, imgsz=imgsz, batch=batch * world, amp=amp
     )
     wrapped = wrap_ddp(model, device) if ddp else model
     return TrainStep(

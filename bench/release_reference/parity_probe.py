@@ -35,7 +35,14 @@ def _our_dataset(data: Path, imgsz: int, hyp: dict, tmp: Path):
 
     cfg = load_data_config(data)
     index = build_label_index(cfg.train, nc=cfg.nc, root=cfg.root, cache_dir=tmp)
-    return YoloDataset(index, imgsz, augment=True, hyp=hyp, seed=0), cfg
+    return YoloDataset(index, imgsz, augment=True, hyp=_typed(hyp), seed=0), cfg
+
+
+def _typed(hyp: dict):
+    """The release's hyp YAML as our typed Hyp (its keys are ours)."""
+    from yolov5_smddp.config.hyp import Hyp
+
+    return Hyp.from_dict({k: hyp[k] for k in Hyp.keys()})
 
 
 def _release_model(nc: int, hyp: dict, imgsz: int):
@@ -66,7 +73,7 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
 
     from yolov5_smddp.data.loader import collate
     from yolov5_smddp.models.yolo import build_model
-    from yolov5_smddp.train.engine import AmpPolicy, TrainStep, apply_settings, step_settings
+    from yolov5_smddp.train.engine import AmpPolicy, Schedule, TrainStep, apply_settings
     from yolov5_smddp.train.optim_recipe import build_training_stack
 
     torch.manual_seed(0)
@@ -95,7 +102,10 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     if args.channels_last:  # as the trainer runs by default (--channels-last)
         ours.to(memory_format=torch.channels_last)
     amp = AmpPolicy("off", "cpu")
-    stack = build_training_stack(ours, hyp, nc=cfg.nc, imgsz=args.imgsz, global_batch=b, amp=amp)
+    stack = build_training_stack(ours, _typed(hyp), nc=cfg.nc, imgsz=args.imgsz, global_batch=b, amp=amp)
+    schedule = Schedule(
+        hyp=stack.hyp, epochs=epochs, warmup_iters=nw, batches_per_epoch=50, cosine=False, global_batch=b
+    )
     step = TrainStep(
         ours,
         stack.criterion,
@@ -116,16 +126,7 @@ def steps(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     last = -1
     print("step  accumulate  loss (box, obj, cls): release | ours   max |weight diff|: ours | control")
     for ni, (imgs, targets) in enumerate(batches):
-        settings = step_settings(
-            ni,
-            0,
-            epochs=epochs,
-            warmup_iters=nw,
-            batches_per_epoch=50,
-            hyp=stack.hyp,
-            cosine=False,
-            global_batch=b,
-        )
+        settings = schedule.settings(ni, 0)
         apply_settings(stack.optimizer, settings)
         accumulate = release_settings(ropt, ni)
         release_settings(copt, ni)
@@ -152,7 +153,7 @@ def pipelines(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
     from yolov5.utils.dataloaders import LoadImagesAndLabels
 
     from yolov5_smddp.data.loader import collate
-    from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
     from yolov5_smddp.models.weights import load_weights, transfer_state
     from yolov5_smddp.models.yolo import build_model
 
@@ -199,7 +200,10 @@ def pipelines(args: argparse.Namespace, hyp: dict, tmp: Path) -> None:
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.eval()
         criterion = YoloLoss(
-            model, {**scale_loss_gains(hyp, model.detect.nl, cfg.nc, args.imgsz), "label_smoothing": 0.0}
+            model,
+            LossHyp.from_mapping(
+                {**scale_loss_gains(hyp, model.detect.nl, cfg.nc, args.imgsz), "label_smoothing": 0.0}
+            ),
         )
         for name, get in sides.items():
             total = torch.zeros(3)

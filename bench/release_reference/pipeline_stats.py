@@ -184,7 +184,7 @@ def loss_stats(
     from yolov5.utils.metrics import bbox_iou as release_iou
 
     from yolov5_smddp.detection.boxes import complete_iou
-    from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+    from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
 
     torch.manual_seed(seed)
     nc, nl = 3, 3
@@ -195,7 +195,7 @@ def loss_stats(
     theirs = ComputeLoss(model)
     ours = YoloLoss(
         SimpleNamespace(detect=SimpleNamespace(anchors=detect.anchors.detach().clone(), nc=nc, na=3, nl=nl)),
-        scaled,
+        LossHyp.from_mapping(scaled),
     )
     strides = [int(s) for s in detect.stride]
     gen = torch.Generator().manual_seed(seed)

@@ -28,11 +28,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from yolov5_smddp.config.hyp import load_hyp
-from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.train.engine import AmpPolicy, StepSettings, TrainStep, train_one_epoch
@@ -103,7 +104,7 @@ def train_and_save(info: process_group.DistInfo, device: torch.device, out_dir: 
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=NC).to(device)
     hyp = load_hyp("scratch-low")
-    criterion = YoloLoss(model, scale_loss_gains(hyp, 3, NC, IMGSZ))
+    criterion = YoloLoss(model, LossHyp.from_mapping(scale_loss_gains(hyp, 3, NC, IMGSZ)))
     optimizer = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
     net = wrap_ddp(model, torch.device("cpu")) if info.distributed else model
     amp = AmpPolicy("off", device.type)
@@ -119,7 +120,7 @@ def train_and_save(info: process_group.DistInfo, device: torch.device, out_dir: 
         epoch=0,
         first_iteration=0,
         last_optimizer_iteration=-1,
-        settings_for=lambda _it: settings,
+        schedule=SimpleNamespace(settings=lambda _it, _epoch: settings),
         log_every=1000,
         max_nonfinite_steps=5,
         imgsz=IMGSZ,

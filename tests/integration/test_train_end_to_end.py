@@ -334,8 +334,8 @@ def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):
     """--time 0.01 h (36 s) with every epoch counted as 10 s (the hidden clock hook: no wall time involved).
     After epoch 1 the plan is 3 epochs in all (10 s used, 26 s left), it stays 3, and the run ends there
     with the usual final validation and model folder; from epoch 2 on the learning rate follows 3 epochs."""
-    from yolov5_smddp.config.hyp import load_hyp
-    from yolov5_smddp.train.engine import step_settings
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
+    from yolov5_smddp.train.engine import Schedule
 
     data = _tiny_dataset(tmp_path / "data")  # 64 train images: 16 batches of 4 an epoch
     out = tmp_path / "run"
@@ -356,11 +356,11 @@ def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):
     state = torch.load(out / "ckpt" / "last.pt", weights_only=True)
     assert (state["planned_epochs"], state["time_used"]) == (3, 30.0)
     # epoch 2's last step (iteration 31 of warmup's 100) aims at lr0 * lr_factor(1, 3), not (1, 10)
-    hyp = load_hyp("scratch-low")
+    hyp = Hyp.from_dict(load_hyp("scratch-low"))
     kw = {"warmup_iters": 100, "batches_per_epoch": 16, "hyp": hyp, "cosine": False, "global_batch": 4}
-    planned = step_settings(31, 1, epochs=3, **kw).lrs["weight"]
+    planned = Schedule(epochs=3, **kw).settings(31, 1).lrs["weight"]
     assert float(rows[1]["lr_weight"]) == pytest.approx(planned, rel=1e-9)
-    assert planned != pytest.approx(step_settings(31, 1, epochs=10, **kw).lrs["weight"], rel=1e-3)
+    assert planned != pytest.approx(Schedule(epochs=10, **kw).settings(31, 1).lrs["weight"], rel=1e-3)
 
 
 def test_non_finite_loss_is_reported_clearly(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from bench.make_textured_dataset import make_textured_dataset
 from bench.release_reference import pipeline_stats as ps
 from yolov5_smddp.data import augment
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
@@ -50,7 +51,9 @@ def test_our_filter_log_accounts_for_every_final_box(tmp_path, monkeypatch):
     log = ps.FilterLog()
     ps.instrument_ours(log)
     hyp = {"mosaic": 1.0, "scale": 0.5, "translate": 0.1, "fliplr": 0.5}
-    samples, pixels = ps.draw_samples(YoloDataset(index, 128, augment=True, hyp=hyp, seed=0), 30, seed=0)
+    samples, pixels = ps.draw_samples(
+        YoloDataset(index, 128, augment=True, hyp=AugmentParams(**hyp), seed=0), 30, seed=0
+    )
     table = log.table()
     assert len(samples) == 30 and pixels.shape == (30, 6)
     assert int(table[:, 5].sum()) == sum(len(s) for s in samples) > 0  # kept by the filter = final boxes

@@ -183,9 +183,11 @@ def test_bench_train_times_the_colour_on_the_device_batch(tmp_path):
     """`--color-aug device`: the staged batches carry colour parameters and the step applies them (on
     CPU that costs far more than the workers' OpenCV, which is why `auto` keeps them there)."""
     from yolov5_smddp.benchmarks import inputs
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
 
-    staged = inputs.staged_synthetic(2, 64, 3, torch.device("cpu"), hyp=load_hyp("scratch-low"))
+    staged = inputs.staged_synthetic(
+        2, 64, 3, torch.device("cpu"), hyp=Hyp.from_dict(load_hyp("scratch-low"))
+    )
     assert all(color is not None and color.shape == (2, 6) for _, _, color in staged)
     assert all(color is None for _, _, color in inputs.staged_synthetic(2, 64, 3, torch.device("cpu")))
     plain = run_bench(tmp_path / "plain", "--amp", "off", "--channels-last", "off")
@@ -210,13 +212,13 @@ def test_bench_and_trainer_build_the_same_training_stack():
 
     from yolov5_smddp.benchmarks.train import bench_training_stack
     from yolov5_smddp.config.batch import plan_batch
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
     from yolov5_smddp.config.train_config import TrainConfig
     from yolov5_smddp.models.yolo import build_model
     from yolov5_smddp.train.engine import resolve_amp
     from yolov5_smddp.train.optim_recipe import build_training_stack
 
-    hyp = load_hyp("scratch-low")
+    hyp = Hyp.from_dict(load_hyp("scratch-low"))
     amp = resolve_amp("off", "cpu", None)
     config = TrainConfig(batch_size=48)
     plan = plan_batch(config.batch_size, config.batch_per_gpu, 1)
@@ -240,7 +242,7 @@ def test_bench_and_trainer_build_the_same_training_stack():
     trained, benched = stacks(config.label_smoothing)
     decay = [(g["name"], g["weight_decay"]) for g in benched.optimizer.param_groups]
     assert decay == [(g["name"], g["weight_decay"]) for g in trained.optimizer.param_groups]
-    assert decay == [("bias", 0.0), ("weight", pytest.approx(hyp["weight_decay"] * 48 / 64)), ("norm", 0.0)]
+    assert decay == [("bias", 0.0), ("weight", pytest.approx(hyp.weight_decay * 48 / 64)), ("norm", 0.0)]
     assert benched.accumulate == trained.accumulate == 1
     assert benched.hyp == trained.hyp
     assert (benched.criterion.cls_pos, benched.criterion.cls_neg) == (1.0, 0.0)

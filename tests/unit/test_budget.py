@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from yolov5_smddp.config.batch import BatchPlan
-from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.hyp import Hyp, load_hyp
 from yolov5_smddp.config.train_config import TrainConfig, parse_train_args
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.train.budget import TimeBudget, counting_clock, epochs_within_budget
@@ -68,14 +68,14 @@ def test_the_checkpoint_keeps_the_seconds_used_and_the_plan():
 def test_the_learning_rate_decays_over_the_planned_epochs():
     hyp = load_hyp("scratch-low")
     config = TrainConfig(epochs=100, time=1.0)
-    stack = SimpleNamespace(hyp=hyp)
+    stack = SimpleNamespace(hyp=Hyp.from_dict(hyp))
     run = Run(
         config, None, None, BatchPlan(64, 64), None, None, None, stack, warmup_iters=100, batches_per_epoch=50
     )
     assert run.epochs == 100
-    before = run.settings_for(6)(300).lrs["weight"]
+    before = run.schedule.settings(300, 6).lrs["weight"]
     run.planned.count = 10  # the budget's plan (the one part of a Run that changes)
-    after = run.settings_for(6)(300).lrs["weight"]
+    after = run.schedule.settings(300, 6).lrs["weight"]
     assert before == pytest.approx(hyp["lr0"] * lr_factor(5, 100, hyp["lrf"], False))
     assert after == pytest.approx(hyp["lr0"] * lr_factor(5, 10, hyp["lrf"], False))
 

@@ -158,8 +158,8 @@ def test_hyp_is_typed_and_frozen_and_converts_at_the_boundary():
 
 
 def test_the_run_reads_the_typed_hyp_and_its_checkpoint_keeps_the_mapping(tmp_path):
-    """build_training_stack types a hyp YAML's mapping once; the checkpoint records the plain mapping
-    (weight_decay scaled: 64 images per step at global batch 16 x 4 accumulated, so unchanged)."""
+    """The hyp YAML's mapping typed once at the file boundary; the stack keeps the typed Hyp and the
+    checkpoint records the plain mapping (weight_decay scaled: 64 images per step at global batch 16 x 4 accumulated, so unchanged)."""
     from yolov5_smddp.config.hyp import Hyp
     from yolov5_smddp.models.yolo import build_model
     from yolov5_smddp.train.engine import AmpPolicy
@@ -167,9 +167,13 @@ def test_the_run_reads_the_typed_hyp_and_its_checkpoint_keeps_the_mapping(tmp_pa
 
     low = load_hyp("scratch-low")
     model = build_model("yolov5n", nc=2)
-    stack = build_training_stack(model, low, nc=2, imgsz=64, global_batch=16, amp=AmpPolicy("off", "cpu"))
+    stack = build_training_stack(
+        model, Hyp.from_dict(low), nc=2, imgsz=64, global_batch=16, amp=AmpPolicy("off", "cpu")
+    )
     assert isinstance(stack.hyp, Hyp) and stack.hyp.to_dict() == low
-    big = build_training_stack(model, low, nc=2, imgsz=64, global_batch=48, amp=AmpPolicy("off", "cpu"))
+    big = build_training_stack(
+        model, Hyp.from_dict(low), nc=2, imgsz=64, global_batch=48, amp=AmpPolicy("off", "cpu")
+    )
     assert big.hyp.weight_decay == pytest.approx(low["weight_decay"] * 48 / 64)  # 48 images per step
     assert {**big.hyp.to_dict(), "weight_decay": low["weight_decay"]} == low
     # the loss got the gains scaled to 3 levels, 2 classes, 64 px

@@ -90,7 +90,12 @@ def _check_enclosed(img_chw: np.ndarray, targets: np.ndarray) -> int:
 def test_kept_boxes_enclose_their_objects(tmp_path, hyp, partners):
     index = _dataset(tmp_path)
     ds = YoloDataset(
-        index, 96, augment=True, hyp={**NO_COLOUR_JITTER, **hyp}, mosaic_partners=partners, partner_pool=4
+        index,
+        96,
+        augment=True,
+        hyp=AugmentParams(**NO_COLOUR_JITTER, **hyp),
+        mosaic_partners=partners,
+        partner_pool=4,
     )
     checked = 0
     for k in range(12):
@@ -192,7 +197,7 @@ def test_mosaic_pixels_are_the_release_canvas_warp(hyp):
     """Every pixel of our mosaic equals the release's whole-canvas warp for the same draws, the seams
     where tiles meet and the tiles' outer edges included (tiles of odd sizes, partly outside the
     canvas), although only the window the warp reads is filled, in a reused canvas full of garbage."""
-    params = AugmentParams.from_hyp(hyp)
+    params = AugmentParams(**hyp)
     garbage = np.random.default_rng(99).integers(0, 256, (128, 128, 3), dtype=np.uint8)
     for seed in range(16):
         rng = np.random.default_rng(seed)

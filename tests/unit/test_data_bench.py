@@ -8,6 +8,7 @@ import numpy as np
 
 from yolov5_smddp.benchmarks import data as bench_data
 from yolov5_smddp.benchmarks.workers import recommend
+from yolov5_smddp.data.augment import AugmentParams
 
 
 def test_recommend_smallest_within_five_percent():
@@ -26,7 +27,7 @@ def test_bench_data_tiny_run(tmp_path, capsys, monkeypatch):
 
         built.append((len(list(images_dir.glob("*.jpg"))), imgsz))
         index = build_label_index([images_dir], nc=3, root=images_dir.parents[1], cache_dir=tmp_path / "r")
-        return YoloDataset(index, imgsz, augment=True, hyp={})
+        return YoloDataset(index, imgsz, augment=True, hyp=None)
 
     monkeypatch.setattr(bench_data, "release_dataset", stand_in_release)
     parser = argparse.ArgumentParser()
@@ -113,10 +114,10 @@ def test_decode_ceiling_decodes_the_four_images_of_each_plan(tmp_path, monkeypat
     index = build_label_index([root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c")
     decoded = []
     monkeypatch.setattr(decode, "decode_image", lambda path, flag=None: decoded.append((path, flag)))
-    step = bench_data._ceiling_stream(YoloDataset(index, 32, augment=True, hyp={}, seed=3))
+    step = bench_data._ceiling_stream(YoloDataset(index, 32, augment=True, hyp=None, seed=3))
     step(0)
     step(1)
-    twin = YoloDataset(index, 32, augment=True, hyp={}, seed=3)  # the same draws
+    twin = YoloDataset(index, 32, augment=True, hyp=None, seed=3)  # the same draws
     order = np.random.default_rng(0).permutation(6)
     plans = [twin.mosaic_plan(int(order[0])), twin.mosaic_plan(int(order[1]))]
     # 64 px images at 32: twice the size, so a 1/2-scale JPEG decode, as the training loader does
@@ -151,9 +152,9 @@ def test_region_ceiling_decodes_the_regions_the_default_pipeline_decodes(tmp_pat
     monkeypatch.setattr(dataset_module, "decode_region", recorder("pipeline"))
     monkeypatch.setattr(dataset_module, "region_decoder", lambda: object())
     step = bench_data._region_ceiling_stream(
-        YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, seed=3)
+        YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=1.0), seed=3)
     )
-    twin = YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, seed=3)
+    twin = YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=1.0), seed=3)
     order = np.random.default_rng(0).permutation(8)
     for k in range(6):
         step(k)

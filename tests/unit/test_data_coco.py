@@ -14,6 +14,7 @@ from cocotree import CLASS_OF, write_coco_dataset
 from datatree import watch
 
 from yolov5_smddp.data import coco
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.data.coco import convert_boxes, load_coco, parse_coco
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.dataset import YoloDataset
@@ -291,7 +292,7 @@ def test_validation_items_carry_crowds_and_training_items_never_do(tmp_path):
     assert len(crowd_rows) == len(index.crowd[i])
     assert sorted((-1 - crowd_rows[:, 1]).tolist()) == sorted(index.crowd[i][:, 0].tolist())
     assert (targets[:, 1] >= 0).sum() == len(index.labels[i])
-    train = YoloDataset(index, 64, augment=True, hyp=hyp)
+    train = YoloDataset(index, 64, augment=True, hyp=AugmentParams(**hyp))
     for k in range(len(index.images)):
         _, targets, _, _, _ = train[k]
         assert (targets[:, 1] >= 0).all() and len(targets) == len(index.labels[k])

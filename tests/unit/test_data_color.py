@@ -60,7 +60,7 @@ def _worker_path(images, p: AugmentParams, rng) -> list[np.ndarray]:
     ],
 )
 def test_apply_color_equals_the_worker_path(hyp):
-    p = AugmentParams.from_hyp(hyp)
+    p = AugmentParams(**hyp)
     images = [np.random.default_rng(k).integers(0, 256, (64, 128, 3), dtype=np.uint8) for k in range(12)]
     expected = _worker_path(images, p, np.random.default_rng(5))
     rng = np.random.default_rng(5)
@@ -82,7 +82,9 @@ def _items(tmp_path, color_on_device: bool, n: int = 6):
     )
     assert data.is_file()
     hyp = {"flipud": 0.5, "fliplr": 0.5}
-    ds = YoloDataset(index, 128, augment=True, hyp=hyp, seed=11, color_on_device=color_on_device)
+    ds = YoloDataset(
+        index, 128, augment=True, hyp=AugmentParams(**hyp), seed=11, color_on_device=color_on_device
+    )
     return [ds[i % len(ds)] for i in range(n)]
 
 
@@ -106,7 +108,7 @@ def test_validation_items_never_defer(tmp_path):
     index = build_label_index(
         [tmp_path / "data" / "images" / "val"], nc=3, root=data.parent, cache_dir=tmp_path / "c"
     )
-    ds = YoloDataset(index, 64, augment=False, hyp={}, color_on_device=True)
+    ds = YoloDataset(index, 64, augment=False, hyp=None, color_on_device=True)
     assert ds.color_on_device is False and ds[0][4] is None
 
 

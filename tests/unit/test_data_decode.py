@@ -14,6 +14,7 @@ import torch
 from datatree import LABEL, bomb_png, tree_state, watch, write_bad_images
 from PIL import Image
 
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.data.dataset import Skipped, YoloDataset
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS, decode_checked, read_header, read_image_info
@@ -146,7 +147,9 @@ def test_corpus_through_training_items_and_ram_cache(corpus, tmp_path, caplog):
     bad = [p.name for p in index.images].index("scrambled.jpg")
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.dataset"):
         for cache in (None, "ram"):
-            ds = YoloDataset(index, 64, augment=True, hyp={"mosaic": 1.0}, cache_images=cache, seed=1)
+            ds = YoloDataset(
+                index, 64, augment=True, hyp=AugmentParams(mosaic=1.0), cache_images=cache, seed=1
+            )
             ds.cache_shard(list(range(len(ds))))
             for i in range(len(ds)):
                 img, targets, path, _, _color = ds[i]
@@ -164,7 +167,7 @@ def test_corpus_through_training_items_and_ram_cache(corpus, tmp_path, caplog):
         ]
         * 2
     )
-    ds = YoloDataset(index, 64, augment=True, hyp={"mosaic": 0.0}, seed=1)
+    ds = YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=0.0), seed=1)
     assert ds[bad][2] == str(index.images[(bad + 1) % len(ds)])  # the substitute: the next index
     assert tree_state(root) == before
 
@@ -172,12 +175,12 @@ def test_corpus_through_training_items_and_ram_cache(corpus, tmp_path, caplog):
 def test_substitute_is_the_next_decodable_index_within_a_rect_batch(corpus, tmp_path):
     root, _ = corpus
     index = _scan(root, tmp_path / "cache")
-    ds = YoloDataset(index, 64, augment=True, hyp={"mosaic": 0.0})
+    ds = YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=0.0))
     n = len(ds)
     assert ds.substitute(3) == 4 and ds.substitute(n - 1) == 0
     ds._undecodable = {4: "x", 5: "y"}
     assert ds.substitute(3) == 6
-    rect = YoloDataset(index, 64, augment=True, hyp={"mosaic": 0.0}, rect=True, batch_size=4)
+    rect = YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=0.0), rect=True, batch_size=4)
     rect._undecodable = {7: "x"}
     assert rect.substitute(7) == 4 and rect.substitute(5) == 6  # batch 1 is indices 4..7
     rect._undecodable = {4: "a", 5: "b", 6: "c", 7: "d"}
@@ -194,7 +197,7 @@ def test_opencv_errors_at_training_time_are_substituted(tmp_path, caplog):
     watch(root)
     index = _scan(root, tmp_path / "cache", max_pixels=2**40)
     assert len(index.images) == 5
-    ds = YoloDataset(index, 64, augment=True, hyp={"mosaic": 0.0})
+    ds = YoloDataset(index, 64, augment=True, hyp=AugmentParams(mosaic=0.0))
     bomb = [p.name for p in index.images].index("bomb.png")
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.dataset"):
         assert ds[bomb][2] == str(index.images[(bomb + 1) % 5])

@@ -63,9 +63,15 @@ def index(tmp_path_factory):
 
 def _pair(index, hyp, seed=5):
     cpu = YoloDataset(
-        index, IMGSZ, augment=True, hyp=hyp, seed=seed, color_on_device=True, region_decode=False
+        index,
+        IMGSZ,
+        augment=True,
+        hyp=AugmentParams(**hyp),
+        seed=seed,
+        color_on_device=True,
+        region_decode=False,
     )
-    return cpu, BytesDataset(index, IMGSZ, augment=True, hyp=hyp, seed=seed)
+    return cpu, BytesDataset(index, IMGSZ, augment=True, hyp=AugmentParams(**hyp), seed=seed)
 
 
 def _cpu_batch(items) -> torch.Tensor:
@@ -246,7 +252,9 @@ def test_a_corrupt_jpeg_is_named_its_tile_grey_and_its_boxes_dropped(tmp_path, c
     bad = root / "images" / "2.jpg"
     bad.write_bytes(scrambled_jpeg())  # changed since the scan: the header is fine, the data is not
     before = tree_state(root)
-    gpu = BytesDataset(idx, IMGSZ, augment=True, hyp={"mosaic": 0.0, "scale": 0.0, "translate": 0.0}, seed=1)
+    gpu = BytesDataset(
+        idx, IMGSZ, augment=True, hyp=AugmentParams(mosaic=0.0, scale=0.0, translate=0.0), seed=1
+    )
     items = [gpu[i] for i in range(4)]
     batcher = GpuBatcher("cpu", counter=gpu.undecodable_samples)
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.gpu_batch"):
@@ -261,9 +269,9 @@ def test_a_corrupt_jpeg_is_named_its_tile_grey_and_its_boxes_dropped(tmp_path, c
 
 def test_recent_partners_and_validation_are_refused_with_a_message(index):
     with pytest.raises(DataError, match="--mosaic-partners random"):
-        BytesDataset(index, IMGSZ, augment=True, hyp={}, mosaic_partners="recent")
+        BytesDataset(index, IMGSZ, augment=True, hyp=None, mosaic_partners="recent")
     with pytest.raises(DataError, match="training batches only"):
-        BytesDataset(index, IMGSZ, augment=False, hyp={})
+        BytesDataset(index, IMGSZ, augment=False, hyp=None)
 
 
 def test_bench_data_gpu_row_on_the_cpu_device(index):
@@ -309,7 +317,11 @@ def varied_index(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"hyp": {}}, {"hyp": {"mosaic": 0.0}}, {"hyp": {}, "rect": True, "batch_size": 4}],
+    [
+        {"hyp": None},
+        {"hyp": AugmentParams(mosaic=0.0)},
+        {"hyp": AugmentParams(), "rect": True, "batch_size": 4},
+    ],
     ids=["mosaic", "letterbox", "rect"],
 )
 def test_resized_tiles_and_rect_batches(varied_index, kwargs):
@@ -346,7 +358,7 @@ def test_a_file_gone_since_the_scan_is_handled_in_the_worker_as_the_cpu_path_doe
     lines = {}
     for name, cls in (("cpu", YoloDataset), ("gpu", BytesDataset)):
         caplog.clear()
-        ds = cls(idx, IMGSZ, augment=True, hyp={"mosaic": 0.0}, seed=1, region_decode=False)
+        ds = cls(idx, IMGSZ, augment=True, hyp=AugmentParams(mosaic=0.0), seed=1, region_decode=False)
         with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.dataset"):
             item = ds[1]
         assert item[2] != str(gone) and ds.undecodable_samples.value == 1  # its substitute

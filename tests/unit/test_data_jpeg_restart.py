@@ -20,6 +20,7 @@ from PIL import Image
 
 from yolov5_smddp.data import dataset as dataset_module
 from yolov5_smddp.data import jpeg_roi, restart_cache
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
 from yolov5_smddp.data.restart_cache import RestartCache, enough_space, restart_cache_for
@@ -323,8 +324,8 @@ def test_items_with_the_copies_equal_the_items_without(lib, data_root, tmp_path,
     calls = _counting(monkeypatch)
     cache = RestartCache(tmp_path / "cache")
     for hyp in ({}, {"degrees": 8.0, "shear": 3.0, "mixup": 0.5}):
-        fast = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11, restart_cache=cache)
-        plain = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11)
+        fast = YoloDataset(index, 160, augment=True, hyp=AugmentParams(**hyp), seed=11, restart_cache=cache)
+        plain = YoloDataset(index, 160, augment=True, hyp=AugmentParams(**hyp), seed=11)
         assert fast.restart_cache is cache and plain.restart_cache is None
         for i in list(range(len(index.images))) * 3:
             a, b = fast[i], plain[i]
@@ -339,12 +340,14 @@ def test_items_with_the_copies_equal_the_items_without(lib, data_root, tmp_path,
 def test_the_copies_are_only_used_where_regions_are_decoded(data_root, tmp_path):
     index = _index(data_root, tmp_path)
     cache = RestartCache(tmp_path / "cache")
-    assert YoloDataset(index, 160, augment=False, hyp={}, restart_cache=cache).restart_cache is None
+    assert YoloDataset(index, 160, augment=False, hyp=None, restart_cache=cache).restart_cache is None
     assert (
-        YoloDataset(index, 160, augment=True, hyp={}, restart_cache=cache, region_decode=False).restart_cache
+        YoloDataset(
+            index, 160, augment=True, hyp=None, restart_cache=cache, region_decode=False
+        ).restart_cache
         is None
     )
-    recent = YoloDataset(index, 160, augment=True, hyp={}, restart_cache=cache, mosaic_partners="recent")
+    recent = YoloDataset(index, 160, augment=True, hyp=None, restart_cache=cache, mosaic_partners="recent")
     assert recent.restart_cache is None
 
 
@@ -353,7 +356,7 @@ def test_a_changed_image_gets_a_new_copy(lib, data_root, tmp_path, monkeypatch):
     cache = RestartCache(tmp_path / "cache")
     image = index.images[0]
     old = cache.copy_path(image)
-    ds = YoloDataset(index, 160, augment=True, hyp={"mosaic": 1.0}, seed=1, restart_cache=cache)
+    ds = YoloDataset(index, 160, augment=True, hyp=AugmentParams(mosaic=1.0), seed=1, restart_cache=cache)
     for _ in range(40):  # until image 0 was a shown tile twice: copied, then read
         ds[0]
         if old.exists():
@@ -373,8 +376,8 @@ def test_a_changed_image_gets_a_new_copy(lib, data_root, tmp_path, monkeypatch):
     new = cache.copy_path(image)
     assert new != old and not new.exists()
     calls = _counting(monkeypatch)
-    fresh = YoloDataset(index, 160, augment=True, hyp={"mosaic": 1.0}, seed=5, restart_cache=cache)
-    plain = YoloDataset(index, 160, augment=True, hyp={"mosaic": 1.0}, seed=5)
+    fresh = YoloDataset(index, 160, augment=True, hyp=AugmentParams(mosaic=1.0), seed=5, restart_cache=cache)
+    plain = YoloDataset(index, 160, augment=True, hyp=AugmentParams(mosaic=1.0), seed=5)
     for _ in range(30):
         a, b = fresh[0], plain[0]
         assert np.array_equal(a[0], b[0])
@@ -389,8 +392,8 @@ def test_a_cache_that_cannot_be_written_costs_one_log_line(lib, data_root, tmp_p
     cache = RestartCache(blocker)
     calls = _counting(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.restart_cache"):
-        fast = YoloDataset(index, 160, augment=True, hyp={}, seed=2, restart_cache=cache)
-        plain = YoloDataset(index, 160, augment=True, hyp={}, seed=2)
+        fast = YoloDataset(index, 160, augment=True, hyp=None, seed=2, restart_cache=cache)
+        plain = YoloDataset(index, 160, augment=True, hyp=None, seed=2)
         for i in list(range(len(index.images))) * 2:
             a, b = fast[i], plain[i]
             assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

@@ -82,7 +82,7 @@ def small_index(tmp_path_factory):
 
 
 def _batches(index, seed, workers, rank=0, world=1, cache=None):
-    ds = YoloDataset(index, 64, augment=True, hyp={}, cache_images=cache)
+    ds = YoloDataset(index, 64, augment=True, hyp=None, cache_images=cache)
     loader = build_dataloader(
         ds,
         batch_size=4,
@@ -108,7 +108,7 @@ def test_loader_is_deterministic_per_seed(small_index):
 def test_loader_with_workers_and_ram_shard(small_index):
     batches = _batches(small_index, 0, 1, rank=1, world=2, cache="ram")
     assert len(batches) == 1  # 6 of 12 images on rank 1, batch 4, drop_last
-    ds = YoloDataset(small_index, 64, augment=True, hyp={}, cache_images="ram")
+    ds = YoloDataset(small_index, 64, augment=True, hyp=None, cache_images="ram")
     build_dataloader(ds, batch_size=4, rank=1, world_size=2, workers=0, shuffle=True, seed=0, drop_last=True)
     assert sorted(ds._ram) == list(range(1, 12, 2))  # the rank caches only its own shard
 

@@ -31,7 +31,7 @@ def _release_expected_distinct(n: int, batch: int) -> float:
 
 
 def test_default_partners_are_uniform_over_the_dataset_and_the_primary_quadrant_is_random():
-    ds = YoloDataset(_index(N), 160, augment=True, hyp={}, seed=3)
+    ds = YoloDataset(_index(N), 160, augment=True, hyp=None, seed=3)
     assert ds.mosaic_partners == "random"
     order = np.random.default_rng(0).permutation(N)
     distinct, quadrants, partner_counts = [], np.zeros(4, int), np.zeros(N, int)
@@ -59,15 +59,15 @@ def test_default_partners_are_uniform_over_the_dataset_and_the_primary_quadrant_
 
 
 def test_plans_depend_only_on_the_seed():
-    a = YoloDataset(_index(50), 160, augment=True, hyp={}, seed=7)
-    b = YoloDataset(_index(50), 160, augment=True, hyp={}, seed=7)
+    a = YoloDataset(_index(50), 160, augment=True, hyp=None, seed=7)
+    b = YoloDataset(_index(50), 160, augment=True, hyp=None, seed=7)
     assert [a.mosaic_plan(i) for i in range(50)] == [b.mosaic_plan(i) for i in range(50)]
 
 
 @pytest.mark.parametrize("mode", ["bogus", ""])
 def test_unknown_partner_mode_is_refused(mode):
     with pytest.raises(Exception, match="mosaic_partners must be one of"):
-        YoloDataset(_index(4), 160, augment=True, hyp={}, mosaic_partners=mode)
+        YoloDataset(_index(4), 160, augment=True, hyp=None, mosaic_partners=mode)
 
 
 def test_ram_cache_partners_come_from_this_ranks_shard(tmp_path):
@@ -75,7 +75,7 @@ def test_ram_cache_partners_come_from_this_ranks_shard(tmp_path):
     index = build_label_index(
         [yaml_path.parent / "images" / "train"], nc=3, root=yaml_path.parent, cache_dir=tmp_path / "c"
     )
-    ds = YoloDataset(index, 64, augment=True, hyp={}, cache_images="ram", seed=2)
+    ds = YoloDataset(index, 64, augment=True, hyp=None, cache_images="ram", seed=2)
     shard = list(range(1, 12, 3))  # rank 1 of 3
     ds.cache_shard(shard)
     for i in shard * 20:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from datatree import tree_state
 
+from yolov5_smddp.data.augment import AugmentParams
 from yolov5_smddp.data.dataset import YoloDataset
 from yolov5_smddp.data.labels import build_label_index
 from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_bytes
@@ -46,9 +47,9 @@ def _assert_same(a: list, b: list) -> None:
 def test_items_are_the_same_pixels_filling_and_reading(data, tmp_path):
     root, train, val = data
     before = tree_state(root)
-    plain = YoloDataset(train, IMGSZ, augment=True, hyp={"mixup": 0.3}, seed=0)
+    plain = YoloDataset(train, IMGSZ, augment=True, hyp=AugmentParams(mixup=0.3), seed=0)
     cache = DiskPixelCache(tmp_path / "pixels", IMGSZ, augment=True)
-    cached = YoloDataset(train, IMGSZ, augment=True, hyp={"mixup": 0.3}, seed=0, disk_cache=cache)
+    cached = YoloDataset(train, IMGSZ, augment=True, hyp=AugmentParams(mixup=0.3), seed=0, disk_cache=cache)
     expected = _items(plain, 5, 24)
     _assert_same(_items(cached, 5, 24), expected)  # filling (mosaic partners: decoded, then written)
     entries = sorted(cache.folder.rglob("*.bgr"))
@@ -59,10 +60,10 @@ def test_items_are_the_same_pixels_filling_and_reading(data, tmp_path):
     assert entries[0].stat().st_size == entry.nbytes  # raw pixels, nothing else
     _assert_same(_items(cached, 5, 24), expected)  # reading: every image from the cache
     # validation (letterbox, INTER_AREA when shrinking) has its own entries
-    val_plain = YoloDataset(val, IMGSZ, augment=False, hyp={}, rect=True, batch_size=2, pad=0.5)
+    val_plain = YoloDataset(val, IMGSZ, augment=False, hyp=None, rect=True, batch_size=2, pad=0.5)
     val_cache = DiskPixelCache(tmp_path / "pixels", IMGSZ, augment=False)
     val_cached = YoloDataset(
-        val, IMGSZ, augment=False, hyp={}, rect=True, batch_size=2, pad=0.5, disk_cache=val_cache
+        val, IMGSZ, augment=False, hyp=None, rect=True, batch_size=2, pad=0.5, disk_cache=val_cache
     )
     for _ in range(2):
         _assert_same(_items(val_cached, 0, 4), _items(val_plain, 0, 4))
@@ -73,7 +74,7 @@ def test_items_are_the_same_pixels_filling_and_reading(data, tmp_path):
 def test_an_edited_image_is_a_miss_and_a_damaged_entry_is_redone(data, tmp_path):
     _, train, _ = data
     cache = DiskPixelCache(tmp_path / "pixels", IMGSZ, augment=True)
-    ds = YoloDataset(train, IMGSZ, augment=True, hyp={}, disk_cache=cache)
+    ds = YoloDataset(train, IMGSZ, augment=True, hyp=None, disk_cache=cache)
     image = train.images[3]
     first = np.array(ds.load_image(3))
     old_key = cache.key(image)
@@ -84,8 +85,8 @@ def test_an_edited_image_is_a_miss_and_a_damaged_entry_is_redone(data, tmp_path)
     cv2.imwrite(str(image), cv2.flip(cv2.imread(str(image)), 1))
     os.utime(image, ns=(os.stat(image).st_atime_ns, os.stat(image).st_mtime_ns + 10**9))
     assert cache.key(image) != old_key
-    fresh = YoloDataset(train, IMGSZ, augment=True, hyp={}, disk_cache=cache).load_image(3)
-    np.testing.assert_array_equal(fresh, YoloDataset(train, IMGSZ, augment=True, hyp={})._decode_resized(3))
+    fresh = YoloDataset(train, IMGSZ, augment=True, hyp=None, disk_cache=cache).load_image(3)
+    np.testing.assert_array_equal(fresh, YoloDataset(train, IMGSZ, augment=True, hyp=None)._decode_resized(3))
     assert not np.array_equal(np.asarray(fresh), first)
     # a truncated entry (and so one of another shape) is a miss, and gets rewritten by the next decode
     key = cache.key(image)
@@ -101,8 +102,8 @@ def test_a_folder_that_cannot_be_written_warns_once_and_decodes(data, tmp_path, 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would be")
     cache = DiskPixelCache(blocker, IMGSZ, augment=True)
-    plain = YoloDataset(train, IMGSZ, augment=True, hyp={}, seed=1)
-    cached = YoloDataset(train, IMGSZ, augment=True, hyp={}, seed=1, disk_cache=cache)
+    plain = YoloDataset(train, IMGSZ, augment=True, hyp=None, seed=1)
+    cached = YoloDataset(train, IMGSZ, augment=True, hyp=None, seed=1, disk_cache=cache)
     with caplog.at_level(logging.WARNING, logger="yolov5_smddp.data.pixelcache"):
         _assert_same(_items(cached, 2, 6), _items(plain, 2, 6))
     warnings = [r.getMessage() for r in caplog.records if "--cache disk: cannot write" in r.getMessage()]

@@ -68,7 +68,7 @@ def _with_noise_outside(tiles, g, rng, shrink=None):
 
 @pytest.mark.parametrize("hyp", HYPS)
 def test_the_mosaic_reads_tiles_only_inside_their_source_rectangles(hyp):
-    p = AugmentParams.from_hyp(hyp)
+    p = AugmentParams(**hyp)
     rng = np.random.default_rng(1)
     shown = 0
     for seed in range(60):
@@ -116,7 +116,7 @@ def test_the_rectangle_is_a_fraction_of_the_image_on_the_default_hyp():
 def test_geometry_first_keeps_the_random_stream():
     """`mosaic` draws the centre and the affine from the same stream positions as before the split:
     composing with geometry drawn first equals the one-call mosaic for the same seed."""
-    p = AugmentParams.from_hyp({"degrees": 5.0})
+    p = AugmentParams(degrees=5.0)
     tiles = _tiles(np.random.default_rng(2), 96)
     a = mosaic(tiles, 96, p, np.random.default_rng(5))
     b = compose_mosaic(iter(tiles), draw_mosaic_geometry(96, p, np.random.default_rng(5)))
@@ -147,8 +147,8 @@ def test_samples_with_region_decoding_equal_the_whole_image_samples(index, monke
 
     monkeypatch.setattr(dataset_module, "decode_region", noisy_region)
     for hyp in ({}, {"degrees": 8.0, "shear": 3.0, "mixup": 0.5}, {"perspective": 0.0005}):
-        fast = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11)
-        whole = YoloDataset(index, 160, augment=True, hyp=hyp, seed=11, region_decode=False)
+        fast = YoloDataset(index, 160, augment=True, hyp=AugmentParams(**hyp), seed=11)
+        whole = YoloDataset(index, 160, augment=True, hyp=AugmentParams(**hyp), seed=11, region_decode=False)
         assert fast.region_decode and not whole.region_decode
         for i in list(range(len(index.images))) * 2:
             a, b = fast[i], whole[i]
@@ -158,14 +158,14 @@ def test_samples_with_region_decoding_equal_the_whole_image_samples(index, monke
 
 
 def test_region_decoding_is_used_only_where_it_can_be_exact(index, tmp_path):
-    on = YoloDataset(index, 160, augment=True, hyp={})
+    on = YoloDataset(index, 160, augment=True, hyp=None)
     assert on.region_decode
-    assert not YoloDataset(index, 160, augment=False, hyp={}).region_decode
-    assert not YoloDataset(index, 160, augment=True, hyp={}, cache_images="ram").region_decode
-    assert not YoloDataset(index, 160, augment=True, hyp={}, mosaic_partners="recent").region_decode
+    assert not YoloDataset(index, 160, augment=False, hyp=None).region_decode
+    assert not YoloDataset(index, 160, augment=True, hyp=None, cache_images="ram").region_decode
+    assert not YoloDataset(index, 160, augment=True, hyp=None, mosaic_partners="recent").region_decode
     cache = DiskPixelCache(tmp_path / "px", 160, augment=True)
-    assert not YoloDataset(index, 160, augment=True, hyp={}, disk_cache=cache).region_decode
-    resized = YoloDataset(index, 128, augment=True, hyp={})  # 160 px files resized to 128: decoded whole
+    assert not YoloDataset(index, 160, augment=True, hyp=None, disk_cache=cache).region_decode
+    resized = YoloDataset(index, 128, augment=True, hyp=None)  # 160 px files resized to 128: decoded whole
     assert resized.region_decode and not resized.region_eligible(0)
     if region_decoder() is not None:
         assert on.region_eligible(0)
@@ -184,7 +184,7 @@ def test_the_per_image_table_is_the_per_image_rule(index):
     ).astype(np.int32)
     names = [f"{k}.{['jpg', 'JPEG', 'png', 'jpeg'][k % 4]}" for k in range(len(shapes))]
     images = [index.images[0].parent / n for n in names]
-    ds = YoloDataset(index, 160, augment=True, hyp={})
+    ds = YoloDataset(index, 160, augment=True, hyp=None)
     expected = []
     for p, shape in zip(images, shapes):
         ds.images[0], ds.shapes[0] = p, shape

@@ -133,7 +133,7 @@ def _two_worker_loader(tmp_path, n_train: int):
     index = build_label_index(
         [root / "images" / "train"], nc=3, root=root, cache_dir=tmp_path / "c", workers=1
     )
-    ds = YoloDataset(index, 64, augment=True, hyp={})
+    ds = YoloDataset(index, 64, augment=True, hyp=None)
     return build_dataloader(
         ds, batch_size=2, rank=0, world_size=1, workers=2, shuffle=True, seed=0, drop_last=True
     )

@@ -145,6 +145,9 @@ def test_names_metadata_round_trip():
     assert parse_names("['x', 'y']", 3) == ["x", "y", "class2"]
     assert parse_names("__import__('os').system('true')", 2) == ["class0", "class1"]  # never evaluated
     assert parse_names(None, 1) == ["class0"]
+    # the TorchScript / OpenVINO metadata's parsed forms: the same rule
+    assert parse_names({"1": "b", 0: "a", "x": "no", 5: "out"}, 3) == ["a", "b", "class2"]
+    assert parse_names(["p"], 2) == ["p", "class1"]
 
 
 def test_export_cli_from_the_releases_pt(tmp_path, capsys):

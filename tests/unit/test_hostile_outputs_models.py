@@ -14,9 +14,10 @@ import yaml
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.config.hyp import load_hyp
-from yolov5_smddp.config.train_config import check_freeze, parse_train_args
+from yolov5_smddp.config.train_config import parse_train_args
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import build_model, load_model_config, resolve_layers
+from yolov5_smddp.train.optim_recipe import check_freeze
 
 TOO_BIG = 10**9
 PARAMETERS = "(check depth_multiple, width_multiple, the repeats, channels, anchors and nc)"

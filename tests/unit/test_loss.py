@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from yolov5_smddp.detection.boxes import complete_iou, xywh_to_xyxy
-from yolov5_smddp.detection.loss import YoloLoss, _Layout, pad_targets, scale_loss_gains
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss, _Layout, pad_targets, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -34,7 +34,7 @@ def _raw(model, batch=2, h=64, w=96, seed=0):
 
 def test_loss_matches_reference(reference):
     model = build_model("yolov5n")
-    criterion = YoloLoss(model, reference["hyp"])
+    criterion = YoloLoss(model, LossHyp.from_mapping(reference["hyp"]))
     loss, items = criterion([r.clone() for r in reference["train_raw"]], reference["targets"])
     assert loss.shape == (1,) and items.shape == (3,)
     ref_total, ref_items = reference["loss_total"], reference["loss_items_box_obj_cls"]
@@ -71,7 +71,7 @@ def test_scale_loss_gains_exact():
 
 def test_no_targets_gives_zero_box_and_class_loss(model_n3):
     raw = _raw(model_n3)
-    loss, items = YoloLoss(model_n3, HYP)(raw, torch.zeros(0, 6))
+    loss, items = YoloLoss(model_n3, LossHyp.from_mapping(HYP))(raw, torch.zeros(0, 6))
     assert items[0].item() == 0.0 and items[2].item() == 0.0
     assert math.isfinite(items[1].item()) and items[1].item() > 0
     assert loss.item() == pytest.approx(items.sum().item() * 2)
@@ -91,7 +91,7 @@ def test_edge_targets_give_finite_loss_and_gradients(model_n3):
             [1, 2, 0.99, 0.01, 0.05, 0.02],
         ]
     )
-    loss, items = YoloLoss(model_n3, HYP)(raw, targets)
+    loss, items = YoloLoss(model_n3, LossHyp.from_mapping(HYP))(raw, targets)
     assert torch.isfinite(loss).all() and (items > 0).all()
     loss.backward()
     grads = [p.grad for p in model_n3.parameters() if p.grad is not None]
@@ -102,7 +102,7 @@ def test_edge_targets_give_finite_loss_and_gradients(model_n3):
 
 def test_unmatched_target_contributes_nothing(model_n3):
     raw = [r.detach() for r in _raw(model_n3)]
-    criterion = YoloLoss(model_n3, HYP)
+    criterion = YoloLoss(model_n3, LossHyp.from_mapping(HYP))
     base = torch.tensor([[0, 1, 0.4, 0.6, 0.2, 0.25]])
     tiny = torch.tensor([[1, 0, 0.3, 0.7, 1e-4, 1e-4]])
     _, with_tiny = criterion(raw, torch.cat((base, tiny)))
@@ -115,7 +115,9 @@ def test_collapsed_predicted_boxes_stay_finite(model_n3):
     for r in raw:
         r[..., 2:4] = -200.0  # sigmoid underflows to 0: zero-size predicted boxes
         r.requires_grad_(True)
-    loss, items = YoloLoss(model_n3, HYP)(raw, torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2]]))
+    loss, items = YoloLoss(model_n3, LossHyp.from_mapping(HYP))(
+        raw, torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2]])
+    )
     loss.backward()
     assert torch.isfinite(items).all() and items[0] > 0
     assert all(torch.isfinite(r.grad).all() for r in raw)
@@ -124,7 +126,7 @@ def test_collapsed_predicted_boxes_stay_finite(model_n3):
 def test_single_class_has_no_class_loss():
     model = build_model("yolov5n", nc=1).train()
     raw = _raw(model)
-    loss, items = YoloLoss(model, HYP)(raw, torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3]]))
+    loss, items = YoloLoss(model, LossHyp.from_mapping(HYP))(raw, torch.tensor([[0, 0, 0.5, 0.5, 0.3, 0.3]]))
     assert items[2].item() == 0.0 and items[0].item() > 0
     loss.backward()
     assert torch.isfinite(model.detect.m[0].weight.grad).all()
@@ -133,17 +135,17 @@ def test_single_class_has_no_class_loss():
 def test_label_smoothing_and_focal_change_only_what_they_should(model_n3):
     raw = [r.detach() for r in _raw(model_n3)]
     targets = torch.tensor([[0, 1, 0.4, 0.6, 0.2, 0.25], [1, 2, 0.7, 0.3, 0.1, 0.4]])
-    _, plain = YoloLoss(model_n3, HYP)(raw, targets)
-    _, smooth = YoloLoss(model_n3, {**HYP, "label_smoothing": 0.1})(raw, targets)
+    _, plain = YoloLoss(model_n3, LossHyp.from_mapping(HYP))(raw, targets)
+    _, smooth = YoloLoss(model_n3, LossHyp.from_mapping({**HYP, "label_smoothing": 0.1}))(raw, targets)
     assert smooth[0] == plain[0] and smooth[1] == plain[1] and smooth[2] != plain[2]
-    _, focal = YoloLoss(model_n3, {**HYP, "fl_gamma": 1.5})(raw, targets)
+    _, focal = YoloLoss(model_n3, LossHyp.from_mapping({**HYP, "fl_gamma": 1.5}))(raw, targets)
     assert focal[0] == plain[0] and (focal[1:] < plain[1:]).all()
 
 
 def test_assignment_uses_neighbour_cells(model_n3):
     """A target in the lower-left quarter of a cell is assigned to its own cell, the left and the lower
     neighbour, for every anchor whose shape ratio is within anchor_t."""
-    criterion = YoloLoss(model_n3, HYP)
+    criterion = YoloLoss(model_n3, LossHyp.from_mapping(HYP))
     # level 0 of a 64×96 input is an 8×12 grid; centre at grid (5.3, 2.8), size 1.2×1.6 cells
     target = torch.tensor([[0, 1, 5.3 / 12, 2.8 / 8, 1.2 / 12, 1.6 / 8]])
     cand = _level_candidates(criterion, target, ((8, 12), (4, 6), (2, 3)), 0)
@@ -187,7 +189,7 @@ def _assignment_by_rules(targets: torch.Tensor, anchors: torch.Tensor, ny: int, 
 
 
 def test_vectorised_assignment_equals_the_rules_on_random_targets(model_n3):
-    criterion = YoloLoss(model_n3, HYP)
+    criterion = YoloLoss(model_n3, LossHyp.from_mapping(HYP))
     torch.manual_seed(1)
     n = 60
     xy = torch.rand(n, 2)
@@ -264,7 +266,7 @@ def test_one_pass_loss_and_padding_equal_the_level_by_level_reference(model_n3):
     """Same loss and gradients as the written-out loss, with and without padding rows (a captured step
     pads the targets to one shape); padded and unpadded differ by float rounding at most (the sums over
     candidates have other lengths)."""
-    criterion = YoloLoss(model_n3, HYP)
+    criterion = YoloLoss(model_n3, LossHyp.from_mapping(HYP))
     reference = _loss_and_grads(model_n3, lambda raw: _reference_loss(model_n3, raw, SPREAD_TARGETS, HYP))
     plain = _loss_and_grads(model_n3, lambda raw: criterion(raw, SPREAD_TARGETS)[0])
     padded = _loss_and_grads(model_n3, lambda raw: criterion(raw, pad_targets(SPREAD_TARGETS, 37))[0])
@@ -288,7 +290,7 @@ def test_pad_targets_rows_and_capacity():
 def test_rows_marked_as_padding_are_never_assigned(model_n3):
     """Image index -1 marks padding: even with a real box such a row changes nothing."""
     raw = [r.detach() for r in _raw(model_n3)]
-    criterion = YoloLoss(model_n3, HYP)
+    criterion = YoloLoss(model_n3, LossHyp.from_mapping(HYP))
     marked = torch.cat((SPREAD_TARGETS, torch.tensor([[-1, 1, 0.5, 0.5, 0.3, 0.3]])))
     loss, items = criterion(raw, marked)
     want_loss, want_items = criterion(raw, SPREAD_TARGETS)

@@ -234,11 +234,11 @@ def test_fine_tuning_a_release_checkpoint_keeps_its_architecture(name):
 )
 def test_models_with_other_than_three_levels_train(name, balance):
     """The loss's objectness balance per level for 2, 4 and 5 levels (the release's 4, 1, 0.25, 0.06, 0.02)."""
-    from yolov5_smddp.detection.loss import YoloLoss
+    from yolov5_smddp.detection.loss import LossHyp, YoloLoss
 
     ref = REFERENCE[name]
     model = build_model({**ref["config"], **ref["outputs_at"], "name": name}, nc=2).train()
-    loss_fn = YoloLoss(model, {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0})
+    loss_fn = YoloLoss(model, LossHyp.from_mapping({"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}))
     assert loss_fn.balance == (balance or (4.0, 1.0, 0.25, 0.06, 0.02))
     loss, items = loss_fn(model(fixed_input().repeat(2, 1, 1, 1)), torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.3]]))
     loss.backward()

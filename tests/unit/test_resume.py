@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from yolov5_smddp.config.batch import BatchPlan
-from yolov5_smddp.config.hyp import load_hyp
+from yolov5_smddp.config.hyp import Hyp, load_hyp
 from yolov5_smddp.config.output_dirs import OutputDirs, resolve_output_dirs, run_folder
 from yolov5_smddp.config.resume import resume_run, resume_source
 from yolov5_smddp.config.train_config import RESUME_FROM_COMMAND, TrainConfig, parse_train_args
@@ -38,7 +38,7 @@ def _run(config: TrainConfig, folder: Path, names=("a", "b", "c"), amp: str = "o
     model.names = list(names)
     stack = build_training_stack(
         model,
-        load_hyp("scratch-low"),
+        Hyp.from_dict(load_hyp("scratch-low")),
         nc=len(names),
         imgsz=64,
         global_batch=8,

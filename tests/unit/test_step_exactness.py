@@ -11,7 +11,7 @@ import torch
 
 from yolov5_smddp.benchmarks.opcount import count_operators
 from yolov5_smddp.config.hyp import load_hyp
-from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.train.ema import ModelEMA
 from yolov5_smddp.train.engine import AmpPolicy, TrainStep
@@ -38,7 +38,7 @@ def _step(model, scaler=None, inject=None):
     amp = AmpPolicy("off", "cpu")
     return TrainStep(
         model,
-        YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64)),
+        YoloLoss(model, LossHyp.from_mapping(scale_loss_gains(HYP, 3, 2, 64))),
         build_optimizer(model, "SGD", 0.01, 0.9, 5e-4),
         scaler or amp.make_scaler(),
         ModelEMA(model),
@@ -54,7 +54,7 @@ class ReferenceStep:
 
     def __init__(self, model):
         self.model, self.params = model, [p for p in model.parameters() if p.requires_grad]
-        self.criterion = YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64))
+        self.criterion = YoloLoss(model, LossHyp.from_mapping(scale_loss_gains(HYP, 3, 2, 64)))
         self.optimizer = build_optimizer(model, "SGD", 0.01, 0.9, 5e-4)
         for group in self.optimizer.param_groups:
             group["fused"], group["foreach"] = False, False

@@ -4,26 +4,27 @@ import numpy as np
 import pytest
 import torch
 
-from yolov5_smddp.config.hyp import load_hyp
-from yolov5_smddp.detection.loss import YoloLoss, scale_loss_gains
+from yolov5_smddp.config.hyp import Hyp, load_hyp
+from yolov5_smddp.detection.loss import LossHyp, YoloLoss, scale_loss_gains
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.models.yolo import build_model
 from yolov5_smddp.train.ema import ModelEMA
 from yolov5_smddp.train.engine import (
     AmpPolicy,
     NonFiniteLossError,
+    Schedule,
     StepSettings,
     TrainStep,
     accumulation,
     apply_settings,
     lr_factor,
     resolve_amp,
-    step_settings,
     train_one_epoch,
 )
 from yolov5_smddp.train.optim_recipe import build_optimizer, freeze_layers
 
 HYP = load_hyp("scratch-low")
+TYPED_HYP = Hyp.from_dict(HYP)
 
 
 def test_lr_factor_linear_and_cosine():
@@ -40,19 +41,20 @@ def test_warmup_interpolation_exact_values():
         "epochs": 10,
         "warmup_iters": 100,
         "batches_per_epoch": 40,
-        "hyp": HYP,
+        "hyp": TYPED_HYP,
         "cosine": False,
         "global_batch": 16,
     }
-    s0 = step_settings(0, 0, **kw)
+    schedule = Schedule(**kw)
+    s0 = schedule.settings(0, 0)
     assert s0.lrs == {"bias": 0.1, "weight": 0.0, "norm": 0.0} and s0.momentum == 0.8 and s0.accumulate == 1
-    s50 = step_settings(50, 0, **kw)
+    s50 = schedule.settings(50, 0)
     assert s50.lrs["bias"] == pytest.approx(0.1 + 0.5 * (0.01 - 0.1))
     assert s50.lrs["weight"] == pytest.approx(0.005)
     assert s50.momentum == pytest.approx(0.8 + 0.5 * 0.137) and s50.accumulate == 2  # round(2.5) = 2
-    end = step_settings(100, 2, **kw)  # warmup's last iteration (in epoch 2): the epoch's own factor
+    end = schedule.settings(100, 2)  # warmup's last iteration (in epoch 2): the epoch's own factor
     assert end.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.2) * 0.99 + 0.01))
-    after = step_settings(130, 3, **kw)  # one epoch behind afterwards, as the release's LambdaLR
+    after = schedule.settings(130, 3)  # one epoch behind afterwards, as the release's LambdaLR
     assert after.lrs["weight"] == pytest.approx(0.01 * ((1 - 0.2) * 0.99 + 0.01))
     assert after.lrs["bias"] == after.lrs["weight"] and after.momentum == 0.937 and after.accumulate == 4
 
@@ -109,16 +111,14 @@ def _release_schedule_trace(epochs, nb, nw, batch, cosine):
 def test_schedule_equals_the_releases_lambdalr_trace(epochs, nb, nw, batch, cosine):
     trace = _release_schedule_trace(epochs, nb, nw, batch, cosine)
     for ni, (lrs, momentum, accumulate) in enumerate(trace):
-        ours = step_settings(
-            ni,
-            ni // nb,
+        ours = Schedule(
+            hyp=TYPED_HYP,
             epochs=epochs,
             warmup_iters=nw,
             batches_per_epoch=nb,
-            hyp=HYP,
             cosine=cosine,
             global_batch=batch,
-        )
+        ).settings(ni, ni // nb)
         assert [ours.lrs["bias"], ours.lrs["weight"], ours.lrs["norm"]] == pytest.approx(
             lrs, rel=1e-12, abs=1e-15
         ), ni
@@ -179,7 +179,7 @@ def test_ema_decay_and_float_buffers():
 def _tiny_step(inject=None):
     torch.manual_seed(0)
     model = build_model("yolov5n", nc=2)
-    criterion = YoloLoss(model, scale_loss_gains(HYP, 3, 2, 64))
+    criterion = YoloLoss(model, LossHyp.from_mapping(scale_loss_gains(HYP, 3, 2, 64)))
     opt = build_optimizer(model, "SGD", 0.01, 0.9, 0.0)
     amp = AmpPolicy("off", "cpu")
     return model, TrainStep(
@@ -203,6 +203,16 @@ def _batches(n):
     ]
 
 
+class FixedSchedule:
+    """A schedule whose every iteration has the same settings."""
+
+    def __init__(self, settings: StepSettings) -> None:
+        self.fixed = settings
+
+    def settings(self, iteration: int, epoch: int) -> StepSettings:
+        return self.fixed
+
+
 def _epoch(step, n, max_nonfinite=2, log_every=1):
     return train_one_epoch(
         step,
@@ -210,7 +220,7 @@ def _epoch(step, n, max_nonfinite=2, log_every=1):
         epoch=0,
         first_iteration=0,
         last_optimizer_iteration=-1,
-        settings_for=lambda it: StepSettings({"bias": 0.01, "weight": 0.01, "norm": 0.01}, 0.9, 2),
+        schedule=FixedSchedule(StepSettings({"bias": 0.01, "weight": 0.01, "norm": 0.01}, 0.9, 2)),
         log_every=log_every,
         max_nonfinite_steps=max_nonfinite,
         imgsz=64,

@@ -256,7 +256,7 @@ def gpu_path_rows(index, imgsz: int, *, workers: int, batch_size: int, iters: in
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dataset = BytesDataset(index, imgsz, augment=True, hyp={})
+    dataset = BytesDataset(index, imgsz, augment=True, hyp=None)
     probe = max(min(iters, 64), 4)
     started = time.process_time()
     for k in range(probe):
@@ -362,25 +362,25 @@ def run(args: argparse.Namespace) -> int:
         release = release_dataset(index.images[0].parent, args.imgsz) if args.data == "synthetic" else None
         cv2.setNumThreads(1)
         copies = RestartCache(workdir / "restart")  # the trainer's is under its cache folder
-        default = YoloDataset(index, args.imgsz, augment=True, hyp={}, restart_cache=copies)
+        default = YoloDataset(index, args.imgsz, augment=True, hyp=None, restart_cache=copies)
         transcode_s, copied_images, original_bytes, copy_bytes = warm_restart_copies(default)
         tasks = {
             "jpeg_decode_images_per_s_1proc": _decode_stream(index.images),
             "decode_ceiling_samples_per_s_1proc": _ceiling_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={})
+                YoloDataset(index, args.imgsz, augment=True, hyp=None)
             ),
             "region_decode_ceiling_samples_per_s_1proc": _region_ceiling_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={}, restart_cache=copies)
+                YoloDataset(index, args.imgsz, augment=True, hyp=None, restart_cache=copies)
             ),
             "mosaic_samples_per_s_1proc_random": _sample_stream(default),
             "mosaic_samples_per_s_1proc_random_no_restart": _sample_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={})
+                YoloDataset(index, args.imgsz, augment=True, hyp=None)
             ),
             "mosaic_samples_per_s_1proc_random_whole": _sample_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={}, region_decode=False)
+                YoloDataset(index, args.imgsz, augment=True, hyp=None, region_decode=False)
             ),
             "mosaic_samples_per_s_1proc_recent": _sample_stream(
-                YoloDataset(index, args.imgsz, augment=True, hyp={}, mosaic_partners="recent")
+                YoloDataset(index, args.imgsz, augment=True, hyp=None, mosaic_partners="recent")
             ),
         }
         if release is not None:
@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
             rows["ours_random_whole_vs_release"] = (
                 rows["mosaic_samples_per_s_1proc_random_whole"] / rows["release_mosaic_samples_per_s_1proc"]
             )
-        ds = YoloDataset(index, args.imgsz, augment=True, hyp={})
+        ds = YoloDataset(index, args.imgsz, augment=True, hyp=None)
         rows[f"mosaic_samples_per_s_{args.workers}workers"] = loader_rate(
             ds, workers=args.workers, batch_size=args.batch_size, iters=args.iters
         )

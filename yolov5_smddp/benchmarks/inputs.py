@@ -13,6 +13,7 @@ import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,10 +21,14 @@ import torch
 from yolov5_smddp.data.augment import AugmentParams, draw_color_params
 from yolov5_smddp.data.config import load_data_config
 from yolov5_smddp.data.dataset import YoloDataset
-from yolov5_smddp.data.labels import build_label_index
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
 from yolov5_smddp.data.loader import build_dataloader, num_workers_per_rank
 from yolov5_smddp.data.synthetic import make_default_dataset
 from yolov5_smddp.errors import DataError
+from yolov5_smddp.train.data_wiring import scan_split
+
+if TYPE_CHECKING:
+    from yolov5_smddp.config.hyp import Hyp
 
 STAGED_BATCHES = 4  # distinct device batches cycled through, so no step reuses the previous input
 BOXES_PER_IMAGE = 8
@@ -42,7 +47,7 @@ def synthetic_targets(batch: int, nc: int, generator: torch.Generator) -> torch.
 
 
 def staged_synthetic(
-    batch: int, imgsz: int, nc: int, device: torch.device, hyp: dict | None = None
+    batch: int, imgsz: int, nc: int, device: torch.device, hyp: Hyp | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """STAGED_BATCHES random uint8 batches and their targets, already on `device`; with `hyp` (HSV and
     flips on the device batch) also colour parameters drawn from its gains, as the workers draw them."""
@@ -83,7 +88,7 @@ def pipeline_batches(
     imgsz: int,
     batch: int,
     workers: int,
-    hyp: dict,
+    hyp: Hyp,
     cache_dir: Path,
     local_gpus: int,
     color_on_device: bool = False,
@@ -92,13 +97,9 @@ def pipeline_batches(
     training; `color_on_device` as `--color-aug`); returns (batches, number of classes, DataLoader workers
     used). Label caches go to `cache_dir`, never into the dataset."""
     config = load_data_config(yaml_path)
-    index = build_label_index(
-        config.train,
-        nc=config.nc,
-        root=config.root,
-        cache_dir=cache_dir,
-        workers=max(workers, 1),
-        image_dir=config.image_dirs.get("train"),
+    # the training's one label scan (data_pipeline.scan_split)
+    index = scan_split(
+        config, "train", cache_dir=cache_dir, workers=max(workers, 1), max_pixels=DEFAULT_MAX_PIXELS
     )
     dataset = YoloDataset(
         index, imgsz, augment=True, hyp=hyp, batch_size=batch, color_on_device=color_on_device

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from yolov5_smddp.benchmarks.mfu import model_flop_utilisation, peak_tflops, training_flops_per_sample
 from yolov5_smddp.benchmarks.timing import PhaseClock
+from yolov5_smddp.config.hyp import Hyp
 from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.errors import ConfigError
 
@@ -212,7 +213,7 @@ def _peak_memory_mb(device_type: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; process-wide peak
 
 
-def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tuple[Iterator, int]:
+def _batches(args, combo: Combination, device, hyp: Hyp, scratch: Path) -> tuple[Iterator, int]:
     """(endless batches, number of classes) for one combination."""
     from yolov5_smddp.benchmarks import inputs
     from yolov5_smddp.data.color import runs_on_device
@@ -240,7 +241,7 @@ def _batches(args, combo: Combination, device, hyp: dict, scratch: Path) -> tupl
     return batches, nc
 
 
-def bench_training_stack(model, hyp: dict, *, nc: int, imgsz: int, batch: int, amp):
+def bench_training_stack(model, hyp: Hyp, *, nc: int, imgsz: int, batch: int, amp):
     """The trainer's stack (`optim_recipe.build_training_stack`) for one GPU at `batch` with the training
     defaults (optimizer, label smoothing)."""
     # imported here like torch in this module: `yolov5-smddp -h` builds every command's parser without torch
@@ -263,7 +264,7 @@ def measure(
     args,
     combo: Combination,
     device,
-    hyp: dict,
+    hyp: Hyp,
     scratch: Path,
     flops_for: Callable[[int], float],
     peak: float | None,
@@ -395,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         resolve_amp(
             mode, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
         )
-    hyp = load_hyp(args.hyp)
+    hyp = Hyp.from_dict(load_hyp(args.hyp))  # the file boundary: typed from here on
     flops_cache: dict[int, tuple[float, float]] = {}
 
     def flops_for(nc: int) -> float:

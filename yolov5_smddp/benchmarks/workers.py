@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
 from yolov5_smddp.benchmarks.data import loader_rate, resolve_data
 from yolov5_smddp.data.config import load_data_config
-from yolov5_smddp.data.labels import build_label_index
+from yolov5_smddp.data.imageinfo import DEFAULT_MAX_PIXELS
+from yolov5_smddp.data.labels import scan_workers
+from yolov5_smddp.train.data_wiring import scan_split
 
 RECOMMEND_WITHIN = 0.05
 
@@ -39,16 +42,17 @@ def run(args: argparse.Namespace) -> int:
     counts = [int(w) for w in str(args.workers).split(",") if w.strip()]
     with tempfile.TemporaryDirectory(prefix="yolov5-smddp-bench-") as tmp:
         cfg = load_data_config(resolve_data(args.data, args.scan_images, Path(tmp)))
-        index = build_label_index(
-            cfg.train,
-            nc=cfg.nc,
-            root=cfg.root,
+        # the training's one label scan (data_pipeline.scan_split)
+        index = scan_split(
+            cfg,
+            "train",
             cache_dir=Path(tmp) / "cache",
-            image_dir=cfg.image_dirs.get("train"),
+            workers=scan_workers(os.cpu_count() or 1),
+            max_pixels=DEFAULT_MAX_PIXELS,
         )
         rates = {}
         for workers in counts:
-            dataset = YoloDataset(index, args.imgsz, augment=True, hyp={})
+            dataset = YoloDataset(index, args.imgsz, augment=True, hyp=None)
             rates[workers] = loader_rate(
                 dataset, workers=workers, batch_size=args.batch_size, iters=args.iters
             )

@@ -12,10 +12,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from yolov5_smddp import hostmem
-from yolov5_smddp.config.output_dirs import resolve_output_dirs
 from yolov5_smddp.config.train_config import (
     TrainConfig,
     add_train_arguments,
@@ -37,19 +37,23 @@ def main(argv: list[str], info: DistInfo | None = None) -> int:
 
 
 def run_config(config: TrainConfig, info: DistInfo | None = None) -> int:
-    """Train `config` (already parsed and checked: `main`, or the SageMaker driver's one parse)."""
-    from yolov5_smddp.train import (
-        trainer,  # torch: imported by training, not by `yolov5-smddp --help` (cli.py)
-    )
+    """Train `config` (already parsed and checked: `main`, or the SageMaker driver's one parse): resolved
+    once (resolve.py: folders, resume point, hyperparameters, batch split, backend, precision), then run."""
+    # torch: imported by training, not by `yolov5-smddp --help` (cli.py)
+    from yolov5_smddp.train import trainer
+    from yolov5_smddp.train.resolve import resolve_run
+    from yolov5_smddp.train.stop_signal import StopOnSigterm
 
     hostmem.tune_malloc()  # every worker, however it was started (torchrun, mpirun, the SageMaker module)
     if info is None:
         info = process_group.detect_dist_info(os.environ)
     if info.rank == 0 and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    dirs = resolve_output_dirs(config, Path.cwd())
+    started = time.perf_counter()
     try:
-        code = trainer.train(config, info, dirs)
+        # SIGTERM is caught from here to the end: one during the set-up stops the run at its first step
+        with StopOnSigterm() as stop:
+            code = trainer.train(resolve_run(config, info, Path.cwd()), stop, started)
     except BaseException as exc:
         stopped = liveness.explain(exc)  # a failed collective: which rank stopped answering (bounded)
         process_group.teardown(None)  # bounded; the failure goes on to be reported

@@ -223,7 +223,6 @@ def _validate(args: argparse.Namespace, info) -> int:
 
     from yolov5_smddp.data.cache import choose_cache_dir
     from yolov5_smddp.data.config import load_data_config
-    from yolov5_smddp.data.labels import collapse_to_one_class
     from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.detection.metrics import results_table
     from yolov5_smddp.distributed import process_group
@@ -231,16 +230,12 @@ def _validate(args: argparse.Namespace, info) -> int:
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.models.weights import load_model
     from yolov5_smddp.telemetry import emit, metric_line
-    from yolov5_smddp.train.data_wiring import scan_split
-    from yolov5_smddp.train.engine import evaluate, resolve_amp
+    from yolov5_smddp.train.data_wiring import scan_split, single_class
+    from yolov5_smddp.train.decisions import decide_device
+    from yolov5_smddp.train.engine import evaluate
 
     main = info.rank == 0
-    if info.distributed:
-        backend, device_type = process_group.resolve(args.backend, info, torch.cuda.is_available())
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    amp = resolve_amp(
-        args.amp, device.type, torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    )
+    choice = decide_device(args.backend, args.amp, info, device=args.device or "")  # as train decides
     cache_dir = choose_cache_dir(args.cache_dir)
     data = load_data_config(args.data, cache_dir=cache_dir)
     if not getattr(data, args.split):
@@ -248,12 +243,11 @@ def _validate(args: argparse.Namespace, info) -> int:
     index = scan_split(
         data, args.split, cache_dir=cache_dir, workers=args.workers or 1, max_pixels=args.max_image_pixels
     )
-    nc, names = data.nc, list(data.names)
-    if args.single_cls:  # as train --single-cls: one class, named 'item' unless the dataset names it
-        collapse_to_one_class(index)
-        nc, names = 1, names if data.nc == 1 else ["item"]
+    names, nc = single_class(data, index) if args.single_cls else (list(data.names), data.nc)
     if info.distributed:  # after the scan: a long scan never runs inside the store's timeout
-        device = process_group.init(info, backend, device_type, args.dist_timeout)
+        device = process_group.init(info, choice.backend, choice.device_type, args.dist_timeout)
+    else:
+        device = torch.device(args.device or choice.device_type)
     model = load_model(args.weights, device=device).eval()
     if model.nc != nc:
         hint = " (a --single-cls model: add --single-cls)" if model.nc == 1 and not args.single_cls else ""
@@ -287,7 +281,7 @@ def _validate(args: argparse.Namespace, info) -> int:
         model,
         loader,
         device=device,
-        amp=amp,
+        amp=choice.amp,
         conf_thres=args.conf,
         iou_thres=args.iou,
         max_det=args.max_det,

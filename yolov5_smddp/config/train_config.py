@@ -408,23 +408,6 @@ def check_option_bounds(config: TrainConfig) -> None:
     _check(0 <= config.seed <= MAX_SEED, "--seed", config.seed, f"must be in 0..{MAX_SEED}")
 
 
-def check_freeze(freeze: list[int], layer_count: int, model_name: str) -> None:
-    """--freeze (layer indices, after `--freeze N` became 0..N-1) against the model it applies to:
-    every index an existing layer, and the last layer (Detect) left to train."""
-    if not freeze:
-        return
-    if max(freeze) >= layer_count:
-        raise ConfigError(
-            f"--freeze: layer {max(freeze)} does not exist: {model_name} has {layer_count} layers "
-            f"(0..{layer_count - 1})"
-        )
-    if layer_count - 1 in freeze:
-        raise ConfigError(
-            f"--freeze: layer {layer_count - 1} is the Detect head of {model_name}; with it frozen nothing "
-            f"learns the classes (freeze at most the first {layer_count - 1} layers)"
-        )
-
-
 def _opt(name: str) -> str:
     return "--" + name.replace("_", "-")
 

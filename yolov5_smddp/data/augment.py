@@ -17,11 +17,15 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
 from yolov5_smddp.data import native
+
+if TYPE_CHECKING:
+    from yolov5_smddp.config.hyp import Hyp
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +62,12 @@ class AugmentParams:
     """MixUp probability."""
 
     @classmethod
-    def from_hyp(cls, hyp: dict | None) -> AugmentParams:
-        """Take the augmentation keys of a hyperparameter dict (other keys are ignored)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) for k, v in (hyp or {}).items() if k in names})
+    def from_hyp(cls, hyp: Hyp | AugmentParams | None) -> AugmentParams:
+        """The augmentation values of the run's typed hyperparameters (config.Hyp, or an AugmentParams),
+        read by attribute; None: the defaults."""
+        if hyp is None:
+            return cls()
+        return cls(**{f.name: float(getattr(hyp, f.name)) for f in fields(cls)})
 
 
 def _translation(dx: float, dy: float) -> np.ndarray:

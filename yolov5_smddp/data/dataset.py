@@ -46,7 +46,7 @@ import math
 import multiprocessing
 from collections import OrderedDict
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import cv2
 import numpy as np
@@ -77,6 +77,9 @@ from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
 from yolov5_smddp.data.restart_cache import RestartCache
 from yolov5_smddp.errors import DataError
+
+if TYPE_CHECKING:
+    from yolov5_smddp.config.hyp import Hyp
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ class YoloDataset:
         img_size: int,
         *,
         augment: bool,
-        hyp: dict | None,
+        hyp: Hyp | AugmentParams | None,
         rect: bool = False,
         batch_size: int = 16,
         stride: int = 32,

@@ -60,7 +60,8 @@ class LossHyp:
 
     @classmethod
     def from_mapping(cls, hyp: Mapping[str, float]) -> LossHyp:
-        """From a key: value mapping holding scaled gains (other keys are not the loss's: left out)."""
+        """From a key: value mapping holding scaled gains (other keys are not the loss's: left out): the
+        boundary for a reference file's or a test's mapping; the run builds its LossHyp with `for_model`."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: float(v) for k, v in hyp.items() if k in names})
 
@@ -127,9 +128,8 @@ class YoloLoss:
     every level's candidates): the operator count of a step does not grow with the levels.
     """
 
-    def __init__(self, model: nn.Module, hyp: LossHyp | Mapping[str, float]) -> None:
+    def __init__(self, model: nn.Module, hyp: LossHyp) -> None:
         detect = model.detect
-        hyp = hyp if isinstance(hyp, LossHyp) else LossHyp.from_mapping(hyp)
         if not 1 <= detect.nl <= len(OBJ_BALANCE_OTHER):
             raise ValueError(f"YoloLoss: no objectness balance for {detect.nl} output levels")
         device = detect.anchors.device

@@ -16,6 +16,7 @@ import yaml
 
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.inference.export import OPENVINO_METADATA, SUFFIXES, TORCHSCRIPT_CONFIG
+from yolov5_smddp.inference.onnx_model import parse_names
 
 MAX_METADATA_BYTES = 16 * 2**20
 
@@ -30,23 +31,6 @@ def exported_format(path: Path) -> str | None:
     if suffix == ".xml" or path.is_dir():
         return "openvino"
     return None
-
-
-def names_from(mapping, nc: int) -> list[str]:
-    """{index: name} (keys int or digit strings) or [name, ...] → a list of nc names, class<i> where missing."""
-    names = [f"class{i}" for i in range(nc)]
-    items = (
-        mapping.items()
-        if isinstance(mapping, dict)
-        else enumerate(mapping)
-        if isinstance(mapping, list)
-        else ()
-    )
-    for key, name in items:
-        index = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
-        if 0 <= index < nc:
-            names[index] = str(name)
-    return names
 
 
 class TorchScriptDetector:
@@ -80,7 +64,7 @@ class TorchScriptDetector:
         self.dtype = torch.float16 if config.get("half") else torch.float32
         self.device = device
         nc = self._nc()
-        self.names = names_from(config.get("names", {}), nc)
+        self.names = parse_names(config.get("names", {}), nc)
 
     def _nc(self) -> int:
         with torch.no_grad():
@@ -123,7 +107,7 @@ class OpenVinoDetector:
                 f"at a time (export with --batch-size 1 or --dynamic)"
             )
         nc = out[2].get_length() - 5 if out.rank.is_static and out[2].is_static else 0
-        self.names = names_from(self._metadata(xml.parent).get("names", {}), nc)
+        self.names = parse_names(self._metadata(xml.parent).get("names", {}), nc)
 
     @staticmethod
     def _xml(path: Path) -> Path:

@@ -20,22 +20,21 @@ import torch
 from yolov5_smddp.errors import ConfigError, WeightsError
 
 
-def parse_names(value: str | None, nc: int) -> list[str]:
-    """The `names` metadata ("{0: 'a', 1: 'b'}" or "['a', 'b']") → a list of nc names; class<i> where
-    missing or unreadable."""
+def parse_names(value: object, nc: int) -> list[str]:
+    """An export's `names` metadata → a list of nc names, class<i> where missing or unreadable: ONNX's
+    text ("{0: 'a', 1: 'b'}" or "['a', 'b']", read with ast.literal_eval), or the mapping or list a
+    TorchScript config.txt or an OpenVINO metadata.yaml holds (keys int or digit strings)."""
     names = [f"class{i}" for i in range(nc)]
-    if not value:
-        return names
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return names
-    items = (
-        parsed.items() if isinstance(parsed, dict) else enumerate(parsed) if isinstance(parsed, list) else ()
-    )
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value) if value else None
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return names
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, name in items:
-        if isinstance(key, int) and 0 <= key < nc:
-            names[key] = str(name)
+        index = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
+        if 0 <= index < nc:
+            names[index] = str(name)
     return names
 
 

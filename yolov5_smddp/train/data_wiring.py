@@ -1,7 +1,8 @@
 """The data wiring of a training run: the embedded dataset, the one label scan (`scan_split`, also used
 by the SageMaker dataset check, `val` and `bench data`), the train/val `DataBundle`, the pixel and
 restart-marker caches under the cache folder, and the loaders of this rank. It reads the run's options
-(`config`: a TrainConfig, read by attribute) but the data/ package it drives takes plain values only."""
+(`config`: a TrainConfig, read by attribute); the data/ package it drives takes plain values and the typed
+Hyp (read by attribute)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,7 +22,9 @@ from yolov5_smddp.data.pixelcache import DiskPixelCache, check_space, entry_byte
 from yolov5_smddp.data.restart_cache import RestartCache, restart_cache_for
 
 if TYPE_CHECKING:
+    from yolov5_smddp.config.hyp import Hyp
     from yolov5_smddp.config.train_config import TrainConfig
+    from yolov5_smddp.distributed.process_group import DistInfo
 
 log = logging.getLogger("yolov5_smddp")
 
@@ -52,10 +55,13 @@ def default_dataset(cache_dir: Path) -> Path:
 
 @dataclass
 class DataBundle:
+    """The run's dataset after the one label scan: class names and count (after --single-cls), the train
+    and val label indexes."""
+
     names: list[str]
     nc: int
-    train_index: Any
-    val_index: Any
+    train_index: LabelIndex
+    val_index: LabelIndex
 
 
 def scan_split(data: DataConfig, split: str, *, cache_dir: Path, workers: int, max_pixels: int) -> LabelIndex:
@@ -88,10 +94,17 @@ def scan_data(config: TrainConfig, cache_dir: Path) -> DataBundle:
     train_index = scan_split(data, "train", **scan)
     val_index = scan_split(data, "val", **scan)
     if config.single_cls:  # the release's --single-cls
-        for index in (train_index, val_index):
-            collapse_to_one_class(index)
-        return DataBundle(list(data.names) if data.nc == 1 else ["item"], 1, train_index, val_index)
+        names, nc = single_class(data, train_index, val_index)
+        return DataBundle(names, nc, train_index, val_index)
     return DataBundle(list(data.names), data.nc, train_index, val_index)
+
+
+def single_class(data: DataConfig, *indexes: LabelIndex) -> tuple[list[str], int]:
+    """--single-cls (train and val alike): every label of `indexes` becomes class 0; returns the one
+    class's (names, nc): named as the dataset names its one class, else 'item'."""
+    for index in indexes:
+        collapse_to_one_class(index)
+    return (list(data.names) if data.nc == 1 else ["item"]), 1
 
 
 def disk_caches(
@@ -141,9 +154,9 @@ def restart_cache(
 def build_loaders(
     config: TrainConfig,
     bundle: DataBundle,
-    hyp: dict,
+    hyp: Hyp,
     per_rank: int,
-    info,
+    info: DistInfo,
     stride: int,
     color_on_device: bool,
     cache_dir: Path,
@@ -216,9 +229,9 @@ def shm_workers(workers: int, per_rank: int, imgsz: int, info) -> int:
 def val_shard_loader(
     config: TrainConfig,
     bundle: DataBundle,
-    hyp: dict,
+    hyp: Hyp,
     per_rank: int,
-    info,
+    info: DistInfo,
     stride: int,
     workers: int,
     val_pixels: DiskPixelCache | None,

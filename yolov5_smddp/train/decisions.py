@@ -25,6 +25,33 @@ log = logging.getLogger("yolov5_smddp")
 
 
 @dataclass(frozen=True)
+class DeviceChoice:
+    """The runtime decision `train` and `val` share: the process group's backend (None: one process of
+    `val` outside any launch, no group), the device type and the precision policy for it."""
+
+    backend: str | None
+    device_type: str
+    amp: AmpPolicy
+
+
+def decide_device(
+    backend: str, amp: str, info: process_group.DistInfo, *, device: str | None = None
+) -> DeviceChoice:
+    """Backend and device type (`process_group.resolve`: the launch's choice, one log line on rank 0), then
+    the precision for that device (`resolve_amp`). `device`: val's --device ("" for the CUDA device when
+    there is one), taken by a process outside any launch instead of the launch's choice."""
+    cuda = torch.cuda.is_available()
+    if device is not None and not info.distributed:
+        chosen = torch.device(device or ("cuda" if cuda else "cpu"))
+        backend_choice, device_type = None, chosen.type
+    else:
+        chosen = None
+        backend_choice, device_type = process_group.resolve(backend, info, cuda)
+    capability = torch.cuda.get_device_capability(chosen) if device_type == "cuda" else None
+    return DeviceChoice(backend_choice, device_type, resolve_amp(amp, device_type, capability))
+
+
+@dataclass(frozen=True)
 class Decisions:
     """What a run decides before any work (every config problem fails while deciding)."""
 
@@ -52,13 +79,10 @@ def decide(config: TrainConfig, info: process_group.DistInfo) -> Decisions:
         if auto_batch
         else plan_batch(config.batch_size, config.batch_per_gpu, info.world_size)
     )
-    cuda = torch.cuda.is_available()
-    backend, device_type = process_group.resolve(config.backend, info, cuda)
+    choice = decide_device(config.backend, config.amp, info)
+    backend, device_type, amp = choice.backend, choice.device_type, choice.amp
     if auto_batch and device_type != "cuda":
         raise ConfigError(CPU_REFUSAL)
-    amp = resolve_amp(
-        config.amp, device_type, torch.cuda.get_device_capability() if device_type == "cuda" else None
-    )
     if info.rank == 0:
         log.info("amp %s: %s", amp.mode, amp.reason)
     if config.sync_bn and backend == "smddp" and info.world_size > 1:

@@ -13,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -289,42 +289,46 @@ def accumulation(global_batch: int) -> int:
     return max(round(NOMINAL_BATCH / global_batch), 1)
 
 
-def step_settings(
-    iteration: int,
-    epoch: int,
-    *,
-    epochs: int,
-    warmup_iters: int,
-    batches_per_epoch: int,
-    hyp: Hyp | Mapping[str, float],
-    cosine: bool,
-    global_batch: int,
-) -> StepSettings:
-    """Learning rates, momentum and accumulation at global iteration `iteration` of `epoch`: a pure
-    function of (iteration, epoch), so a resumed run trains with the same values as an uninterrupted one.
+@dataclass(frozen=True)
+class Schedule:
+    """The run's schedule, the one object the epoch loop asks: `settings(iteration, epoch)` gives the
+    learning rates, momentum and accumulation of a global iteration, a pure function of (iteration, epoch),
+    so a resumed run trains with the same values as an uninterrupted one. `epochs` is the count the decay
+    runs over (--epochs, or the time budget's plan: the Run builds a Schedule per epoch)."""
 
-    After warmup a step accumulates `accumulation(global_batch)` micro-steps. During warmup (iteration <
-    warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0, momentum warmup_momentum, accumulate 1) to the epoch's
-    scheduled values (lr0 * lr_factor(epoch), momentum, and the UNROUNDED 64 / global_batch: the
-    accumulation is the interpolation rounded half to even, as the release's np.interp(...).round(), so
-    with a batch that does not divide 64 it changes at the same iterations); afterwards they are lr0 *
-    lr_factor(scheduled_epoch(...)): one epoch behind after the epoch where warmup ends, as the
-    release's scheduler runs.
-    """
-    if not isinstance(hyp, Hyp):  # a hyp YAML's or checkpoint's mapping
-        hyp = Hyp.from_dict(hyp)
-    if iteration >= warmup_iters:
-        at = scheduled_epoch(epoch, warmup_iters=warmup_iters, batches_per_epoch=batches_per_epoch)
-        lr = hyp.lr0 * lr_factor(at, epochs, hyp.lrf, cosine)
-        return StepSettings({"bias": lr, "weight": lr, "norm": lr}, hyp.momentum, accumulation(global_batch))
-    lr = hyp.lr0 * lr_factor(epoch, epochs, hyp.lrf, cosine)
-    t = iteration / warmup_iters
-    bias = hyp.warmup_bias_lr + t * (lr - hyp.warmup_bias_lr)
-    other = t * lr
-    momentum = hyp.warmup_momentum + t * (hyp.momentum - hyp.warmup_momentum)
-    # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
-    accumulate = max(1, round((NOMINAL_BATCH / global_batch - 1) / warmup_iters * iteration + 1))
-    return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
+    hyp: Hyp
+    epochs: int
+    warmup_iters: int
+    batches_per_epoch: int
+    cosine: bool
+    global_batch: int
+
+    def settings(self, iteration: int, epoch: int) -> StepSettings:
+        """After warmup a step accumulates `accumulation(global_batch)` micro-steps. During warmup
+        (iteration < warmup_iters) values go linearly from (bias lr warmup_bias_lr, other lrs 0, momentum
+        warmup_momentum, accumulate 1) to the epoch's scheduled values (lr0 * lr_factor(epoch), momentum,
+        and the UNROUNDED 64 / global_batch: the accumulation is the interpolation rounded half to even, as
+        the release's np.interp(...).round(), so with a batch that does not divide 64 it changes at the
+        same iterations); afterwards they are lr0 * lr_factor(scheduled_epoch(...)): one epoch behind after
+        the epoch where warmup ends, as the release's scheduler runs."""
+        hyp, epochs, cosine = self.hyp, self.epochs, self.cosine
+        if iteration >= self.warmup_iters:
+            at = scheduled_epoch(
+                epoch, warmup_iters=self.warmup_iters, batches_per_epoch=self.batches_per_epoch
+            )
+            lr = hyp.lr0 * lr_factor(at, epochs, hyp.lrf, cosine)
+            lrs = {"bias": lr, "weight": lr, "norm": lr}
+            return StepSettings(lrs, hyp.momentum, accumulation(self.global_batch))
+        lr = hyp.lr0 * lr_factor(epoch, epochs, hyp.lrf, cosine)
+        t = iteration / self.warmup_iters
+        bias = hyp.warmup_bias_lr + t * (lr - hyp.warmup_bias_lr)
+        other = t * lr
+        momentum = hyp.warmup_momentum + t * (hyp.momentum - hyp.warmup_momentum)
+        # np.interp's arithmetic (slope * offset + start), so that a value on a .5 rounds as the release's
+        accumulate = max(
+            1, round((NOMINAL_BATCH / self.global_batch - 1) / self.warmup_iters * iteration + 1)
+        )
+        return StepSettings({"bias": bias, "weight": other, "norm": other}, momentum, accumulate)
 
 
 def apply_settings(optimizer: torch.optim.Optimizer, settings: StepSettings) -> None:
@@ -357,7 +361,7 @@ def train_one_epoch(
     epoch: int,
     first_iteration: int,
     last_optimizer_iteration: int,
-    settings_for: Callable[[int], StepSettings],
+    schedule: Schedule,
     log_every: int,
     max_nonfinite_steps: int,
     imgsz: int,
@@ -389,7 +393,7 @@ def train_one_epoch(
         waited = time.perf_counter() - waited
         if pop_issue is not None:  # --loader gpu: its device decode/augment is work, not a wait
             waited = max(waited - pop_issue(), 0.0)
-        settings = settings_for(iteration)
+        settings = schedule.settings(iteration, epoch)
         apply_settings(step.optimizer, settings)
         sync = iteration - last_optimizer_iteration >= settings.accumulate
         size = random.randrange(imgsz // 2, imgsz * 3 // 2 + 32, 32) if multi_scale else None

@@ -6,9 +6,7 @@ their steps from here, so a benchmark times exactly what training runs."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -16,6 +14,7 @@ from torch import nn
 from yolov5_smddp.config.hyp import Hyp
 from yolov5_smddp.detection.loss import LossHyp, YoloLoss
 from yolov5_smddp.distributed import process_group
+from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.train.ema import ModelEMA
 from yolov5_smddp.train.engine import NOMINAL_BATCH, AmpPolicy, accumulation
 
@@ -74,6 +73,23 @@ def loss_multiplier(info: process_group.DistInfo) -> float:
     return float(info.world_size) if info.distributed else 1.0
 
 
+def check_freeze(freeze: list[int], layer_count: int, model_name: str) -> None:
+    """--freeze (layer indices, after `--freeze N` became 0..N-1) against the model it applies to:
+    every index an existing layer, and the last layer (Detect) left to train."""
+    if not freeze:
+        return
+    if max(freeze) >= layer_count:
+        raise ConfigError(
+            f"--freeze: layer {max(freeze)} does not exist: {model_name} has {layer_count} layers "
+            f"(0..{layer_count - 1})"
+        )
+    if layer_count - 1 in freeze:
+        raise ConfigError(
+            f"--freeze: layer {layer_count - 1} is the Detect head of {model_name}; with it frozen nothing "
+            f"learns the classes (freeze at most the first {layer_count - 1} layers)"
+        )
+
+
 def freeze_layers(model: nn.Module, layers: list[int]) -> int:
     """Stop gradients for every parameter of the listed top-level layers (`model.{i}.`); returns the count."""
     prefixes = tuple(f"model.{i}." for i in layers)
@@ -101,12 +117,12 @@ class TrainingStack:
     criterion: YoloLoss
     ema: ModelEMA
     optimizer: torch.optim.Optimizer
-    scaler: Any
+    scaler: torch.amp.GradScaler
 
 
 def build_training_stack(
     model: nn.Module,
-    hyp: Hyp | Mapping[str, float],
+    hyp: Hyp,
     *,
     nc: int,
     imgsz: int,
@@ -116,10 +132,9 @@ def build_training_stack(
     label_smoothing: float = 0.0,
 ) -> TrainingStack:
     """Loss (gains scaled to layers, classes and image size; label smoothing), EMA, optimizer groups (weight
-    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device).
-    `hyp`: the run's, or a hyp YAML's key: value mapping (`load_hyp`), converted here."""
+    decay scaled to the global batch and accumulation) and the AMP scaler for `model` (already on its device)."""
     accumulate = accumulation(global_batch)
-    hyp = scale_weight_decay(hyp if isinstance(hyp, Hyp) else Hyp.from_dict(hyp), global_batch, accumulate)
+    hyp = scale_weight_decay(hyp, global_batch, accumulate)
     loss_hyp = LossHyp.for_model(hyp, nl=model.detect.nl, nc=nc, imgsz=imgsz, label_smoothing=label_smoothing)
     return TrainingStack(
         hyp=hyp,

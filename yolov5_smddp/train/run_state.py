@@ -19,7 +19,7 @@ from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.train import checkpoint
-from yolov5_smddp.train.engine import AmpPolicy, step_settings
+from yolov5_smddp.train.engine import AmpPolicy, Schedule
 from yolov5_smddp.train.optim_recipe import TrainingStack
 
 MIN_WARMUP_ITERS = 100
@@ -71,15 +71,14 @@ class Run:
     def hyp(self) -> Hyp:
         return self.stack.hyp
 
-    def settings_for(self, epoch: int):
-        """Learning rates and momentum per micro-step of `epoch` (warmup, then the decay)."""
-        return lambda it: step_settings(
-            it,
-            epoch,
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule of the epochs planned now (warmup, then the decay over `epochs`)."""
+        return Schedule(
+            hyp=self.hyp,
             epochs=self.epochs,
             warmup_iters=self.warmup_iters,
             batches_per_epoch=self.batches_per_epoch,
-            hyp=self.hyp,
             cosine=self.config.cos_lr,
             global_batch=self.plan.global_batch,
         )

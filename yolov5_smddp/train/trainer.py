@@ -25,8 +25,7 @@ from torch import nn
 
 from yolov5_smddp import plots
 from yolov5_smddp.config.batch import BatchPlan
-from yolov5_smddp.config.output_dirs import OutputDirs
-from yolov5_smddp.config.train_config import TrainConfig, check_freeze
+from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.detection.metrics import DetectionMetrics
 from yolov5_smddp.distributed import process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
@@ -41,7 +40,6 @@ from yolov5_smddp.train.autobatch import AUTO_BATCH, agree_smallest, size_batch
 from yolov5_smddp.train.budget import TimeBudget, counting_clock
 from yolov5_smddp.train.compile_settings import compile_settings
 from yolov5_smddp.train.data_wiring import DataBundle
-from yolov5_smddp.train.decisions import Decisions, decide
 from yolov5_smddp.train.engine import (
     AmpPolicy,
     EpochResult,
@@ -53,11 +51,13 @@ from yolov5_smddp.train.engine import (
 )
 from yolov5_smddp.train.optim_recipe import (
     build_training_stack,
+    check_freeze,
     freeze_layers,
     loss_multiplier,
     wrap_ddp,
 )
-from yolov5_smddp.train.resumption import resumable_checkpoint, resume
+from yolov5_smddp.train.resolve import ResolvedRun
+from yolov5_smddp.train.resumption import resume
 from yolov5_smddp.train.run_state import MIN_WARMUP_ITERS, EpochsOutcome, PlannedEpochs, Run
 from yolov5_smddp.train.runtime import RuntimeSettings, apply_runtime, decide_runtime
 from yolov5_smddp.train.stop_signal import StopOnSigterm
@@ -285,7 +285,7 @@ def train_epoch(
         epoch=epoch,
         first_iteration=state.iteration,
         last_optimizer_iteration=state.last_optimizer_iteration,
-        settings_for=run.settings_for(epoch),
+        schedule=run.schedule,
         log_every=config.log_every,
         max_nonfinite_steps=config.max_nonfinite_steps,
         imgsz=config.imgsz,
@@ -404,10 +404,12 @@ def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epo
     state.time_used = budget.used
 
 
-def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -> int:
-    """Run (or resume) a training job on this rank; returns 0, or EXIT_INTERRUPTED after SIGTERM.
-    SIGTERM (spot, StopTrainingJob, max_run) is caught from the start to the end: one that comes while the
-    job is being set up stops it at its first step, with a checkpoint and a model folder like any other."""
+def train(resolved: ResolvedRun, stop: StopOnSigterm, started: float) -> int:
+    """Run (or resume) the training job `resolved` describes on this rank; returns 0, or EXIT_INTERRUPTED
+    after SIGTERM. `stop`: the job's SIGTERM flag, caught from the start (commands/train.py, before the run
+    is resolved) to the end: one that comes while the job is being set up stops it at its first step,
+    with a checkpoint and a model folder like any other. `started`: the job's perf_counter start."""
+    info, dirs = resolved.info, resolved.dirs
     # rank 0 owns the checkpoint, model and output folders: one run at a time, temporaries staged outside
     # them (SageMaker uploads what appears there), a killed run's temporaries removed (claimed_dir.py)
     owned = [
@@ -415,30 +417,18 @@ def train(config: TrainConfig, info: process_group.DistInfo, dirs: OutputDirs) -
         (dirs.model_dir, "model folder"),
         (dirs.output_dir, "output folder"),
     ]
-    facts = out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz)
+    facts = out_of_memory.MemoryFacts(rank=info.rank, imgsz=resolved.config.imgsz)
     with (
-        StopOnSigterm() as stop,
         claimed_dir.claim_folders(owned if info.rank == 0 else []),
         out_of_memory.named(facts),  # CUDA OOM / MemoryError: one line naming the GPU, batch, image size
     ):
-        return _train(config, info, dirs, stop, facts)
+        return _train(resolved, stop, started, facts)
 
 
 def _train(
-    config: TrainConfig,
-    info: process_group.DistInfo,
-    dirs: OutputDirs,
-    stop: StopOnSigterm,
-    facts: out_of_memory.MemoryFacts | None = None,
+    resolved: ResolvedRun, stop: StopOnSigterm, started: float, facts: out_of_memory.MemoryFacts
 ) -> int:
-    started = time.perf_counter()
-    facts = facts if facts is not None else out_of_memory.MemoryFacts(rank=info.rank, imgsz=config.imgsz)
-
-    # -- the run resumed (--resume: its options; a checkpoint_dir/last.pt of the same run), else a new one
-    config, resumable, saved = resumable_checkpoint(config, dirs, info.rank == 0)
-
-    # -- decisions: every config problem fails here, before any work
-    decided = decide(config, info)
+    config, info, dirs, decided = resolved.config, resolved.info, resolved.dirs, resolved.decided
 
     # -- data: scanned on every rank BEFORE the process group exists
     bundle = data_wiring.scan_data(config, dirs.cache_dir)
@@ -448,8 +438,9 @@ def _train(
     seed_everything(config.seed + info.rank)
     facts.device = device
     if config.batch_size == AUTO_BATCH:  # --batch-size -1: every rank probes its GPU, all take the smallest
-        plan = auto_batch_plan(config, info, bundle, device, saved, decided.amp)
+        plan = auto_batch_plan(config, info, bundle, device, resolved.saved, decided.amp)
         decided = dataclasses.replace(decided, plan=plan)
+        resolved = dataclasses.replace(resolved, decided=decided)
     facts.per_rank, facts.global_batch = decided.plan.per_rank, decided.plan.global_batch
     if info.rank == 0:
         log.info(
@@ -464,8 +455,8 @@ def _train(
         )
 
     # -- the run (model, loss, EMA, optimizer, loaders), its resumed state, the step
-    run, train_loader, val_loader = build_run(config, info, dirs, decided, bundle, device, saved)
-    state = resume(run, resumable, saved)
+    run, train_loader, val_loader = build_run(resolved, bundle, device)
+    state = resume(run, resolved.resume_from, resolved.saved)
     step = build_step(run)
 
     # -- the epochs, then the final outputs on rank 0
@@ -524,24 +515,17 @@ def auto_batch_plan(
     return BatchPlan(agreed * info.world_size, agreed)
 
 
-def build_run(
-    config: TrainConfig,
-    info: process_group.DistInfo,
-    dirs: OutputDirs,
-    decided: Decisions,
-    bundle: DataBundle,
-    device: torch.device,
-    saved: dict[str, Any] | None,
-) -> tuple[Run, Any, Any]:
-    """The Run of this rank and its train and val loaders: the model (from the resumed checkpoint `saved`'s
+def build_run(resolved: ResolvedRun, bundle: DataBundle, device: torch.device) -> tuple[Run, Any, Any]:
+    """The Run of this rank and its train and val loaders: the model (from the resumed checkpoint's
     model_cfg, else --cfg/--weights), the training stack built from it, SyncBatchNorm, the loaders (the
     warmup and the schedule need their length), the loader workers' thread settings."""
+    config, info, dirs, decided = resolved.config, resolved.info, resolved.dirs, resolved.decided
     model = build_detection_model(
         config,
         bundle,
         device,
         anchor_t=decided.hyp.anchor_t,
-        resume_cfg=saved.get("model_cfg") if saved is not None else None,
+        resume_cfg=resolved.resume_cfg,
     )
     stack = build_training_stack(
         model,
@@ -557,7 +541,7 @@ def build_run(
     train_loader, val_loader, workers = data_wiring.build_loaders(
         config,
         bundle,
-        stack.hyp.to_dict(),  # data/ takes the plain key: value form
+        stack.hyp,
         decided.plan.per_rank,
         info,
         int(model.stride.max()),
@@ -565,8 +549,6 @@ def build_run(
         dirs.cache_dir,
     )
     settings = runtime_for_loaders(config, info, device, workers)
-    # a restart keeps the schedule of the time budget's plan
-    planned = saved.get("planned_epochs") if config.time and saved is not None else None
     run = Run(
         config,
         info,
@@ -578,7 +560,7 @@ def build_run(
         stack,
         warmup_iters=max(round(stack.hyp.warmup_epochs * len(train_loader)), MIN_WARMUP_ITERS),
         batches_per_epoch=len(train_loader),
-        planned=PlannedEpochs(int(planned or config.epochs)),
+        planned=PlannedEpochs(resolved.planned_epochs),  # a restart keeps the time budget's plan
     )
     if run.main:
         log.info("%s", settings.log_line())
