@@ -112,3 +112,11 @@ def output_error(
     blocker = _first_file_in_the_way(folder)
     cause = _OUTPUT_ERRNOS[code].format(folder=named, blocker=blocker, path=path)
     return OutputError(path, folder, cause, code, what=what)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process failed; the message names its rank, exit code and error."""
+
+    def __init__(self, message: str, exitcode: int) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode

@@ -32,8 +32,8 @@ from yolov5_smddp.commands.train import run_config
 from yolov5_smddp.config import worker_config
 from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.distributed import blame
-from yolov5_smddp.distributed.process_group import DistInfo
-from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError
+from yolov5_smddp.distributed.process_group import DistInfo, port_in_use
+from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, WorkerFailed
 
 MODES = ("torchrun", "mpirun", "single", "elastic")
 
@@ -154,14 +154,6 @@ def read_worker_args(argv: Sequence[str]) -> TrainConfig:
     return worker_config.from_json(argv[1], source=f"worker option {CONFIG_OPTION}")
 
 
-class WorkerFailed(RuntimeError):
-    """A worker process failed; the message names its rank, exit code and error."""
-
-    def __init__(self, message: str, exitcode: int) -> None:
-        super().__init__(message)
-        self.exitcode = exitcode
-
-
 def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: Mapping[str, str]) -> int:
     """Start this host's workers with the environment `environ` and wait for all of them. Returns 0, or
     EXIT_INTERRUPTED when SIGTERM stopped them (the agent passes it on; the trainer checkpoints); raises
@@ -198,18 +190,6 @@ def run_elastic(plan: LaunchPlan, config: TrainConfig, *, run_id: str, environ: 
             raise
         raise busy from exc
     return 0
-
-
-def port_in_use(exc: BaseException, addr: str, port: int) -> ConfigError | None:
-    """The one-line ConfigError for a store that could not listen on a busy master port; None for any
-    other error."""
-    text = str(exc)
-    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
-        return None
-    return ConfigError(
-        f"the master port {port} on {addr} is already in use (another job or process listens there): "
-        "give a free one with --master-port (or MASTER_PORT), or end that process"
-    )
 
 
 def _failed(rank: int, failure) -> blame.Failed:

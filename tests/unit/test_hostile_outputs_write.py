@@ -210,7 +210,7 @@ def test_the_failure_reason_of_a_full_model_folder_says_raise_volume_size():
 
 
 def test_a_worker_that_ran_out_of_space_gets_the_advice_too():
-    from yolov5_smddp.launch import WorkerFailed
+    from yolov5_smddp.errors import WorkerFailed
 
     text = "OutputError: cannot write /opt/ml/model/best.pt: no space left on /opt/ml/model"
     reason = failure_reason(

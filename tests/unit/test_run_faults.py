@@ -132,8 +132,8 @@ def test_a_bug_in_an_elastic_worker_keeps_its_traceback(monkeypatch):
 
 
 def test_a_busy_port_is_one_config_line_and_other_store_errors_are_not():
+    from yolov5_smddp.distributed.process_group import port_in_use
     from yolov5_smddp.errors import ConfigError
-    from yolov5_smddp.launch import port_in_use
 
     busy = RuntimeError(
         "The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address already in use)."

@@ -355,9 +355,7 @@ def init(info: DistInfo, backend: str, device_type: str, timeout_s: float) -> An
             use_libuv=info.use_libuv,
         )
     except RuntimeError as exc:
-        from yolov5_smddp.launch import port_in_use  # a busy master port: one line, exit 2 (issue 50)
-
-        busy = port_in_use(exc, info.master_addr, info.master_port)
+        busy = port_in_use(exc, info.master_addr, info.master_port)  # a busy master port: one line, exit 2
         if busy is None:
             raise
         raise busy from exc
@@ -764,3 +762,15 @@ def broadcast_module(module: Any, src: int = 0) -> Any:
         value = decode_exact(part.view(1, -1), tensor.dtype, (tensor.numel(),)).reshape(tensor.shape)
         tensor.copy_(value)
     return module
+
+
+def port_in_use(exc: BaseException, addr: str, port: int) -> ConfigError | None:
+    """The one-line ConfigError for a store that could not listen on a busy master port; None for any
+    other error."""
+    text = str(exc)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    return ConfigError(
+        f"the master port {port} on {addr} is already in use (another job or process listens there): "
+        "give a free one with --master-port (or MASTER_PORT), or end that process"
+    )

@@ -27,9 +27,16 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from yolov5_smddp.errors import EXIT_INTERRUPTED, ConfigError, DataError, OutputError, UserError, output_error
+from yolov5_smddp.errors import (
+    EXIT_INTERRUPTED,
+    ConfigError,
+    DataError,
+    OutputError,
+    UserError,
+    WorkerFailed,
+    output_error,
+)
 from yolov5_smddp.files.atomic import atomic_write
-from yolov5_smddp.launch import WorkerFailed
 from yolov5_smddp.sagemaker.env import default_failure_file
 from yolov5_smddp.train.out_of_memory import as_memory_problem
 
