@@ -53,7 +53,8 @@ def run_config(config: TrainConfig, info: DistInfo | None = None) -> int:
     try:
         # SIGTERM is caught from here to the end: one during the set-up stops the run at its first step
         with StopOnSigterm() as stop:
-            code = trainer.train(resolve_run(config, info, Path.cwd()), stop, started)
+            resolved = resolve_run(config, info, Path.cwd())  # every later phase reads this, not config/
+            code = trainer.train(resolved, stop, started)
     except BaseException as exc:
         stopped = liveness.explain(exc)  # a failed collective: which rank stopped answering (bounded)
         process_group.teardown(None)  # bounded; the failure goes on to be reported
