@@ -9,7 +9,7 @@
 
 ddp2: two ranks on the one GPU with Gloo carrying CUDA tensors (NCCL refuses two ranks on one device), the
 trainer's DDP wrapping and TrainStep on synthetic batches; then every rank's parameter checksum, gathered
-with process_group.all_gather_rows (CUDA tensors through Gloo), must be equal. syncs: the engine's
+with collectives.all_gather_rows (CUDA tensors through Gloo), must be equal. syncs: the engine's
 TrainStep (micro-step + optimizer step) per AMP mode with torch.cuda.set_sync_debug_mode("warn"), counting
 the host syncs of each step after a warm-up (the training step is meant to have none). On a CPU (SMOKE=1)
 the same code runs with Gloo on the CPU, and no sync is counted ("n/a").
@@ -83,7 +83,7 @@ def dataset(root: str, imgsz: str, n_train: str, n_val: str) -> None:
 def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
     import torch
 
-    from yolov5_smddp.distributed import process_group
+    from yolov5_smddp.distributed import collectives, process_group
     from yolov5_smddp.models.yolo import build_model
 
     info = process_group.detect_dist_info(os.environ)
@@ -99,7 +99,7 @@ def ddp2(out: str, steps: str, imgsz: str, batch: str) -> None:
         step.optimizer_step()
     flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
     checksum = torch.stack([flat.sum(), (flat * flat).sum()]).reshape(1, 2)
-    sums = process_group.all_gather_rows(checksum.to(device))
+    sums = collectives.all_gather_rows(checksum.to(device))
     loss = float(torch.stack(losses).sum().cpu())
     if info.rank == 0:
         equal = all(torch.equal(s, sums[0]) for s in sums)

@@ -43,6 +43,7 @@ CYCLE_WORKER = """
 import faulthandler, signal, sys
 import torch
 import torch.distributed as dist
+from yolov5_smddp.distributed import collectives
 from yolov5_smddp.distributed import process_group
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 rank, folder, cycles = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -50,7 +51,7 @@ for cycle in range(cycles):
     store = dist.FileStore(f"{folder}/store{cycle}", 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     dist.all_reduce(torch.ones(16))  # Python lets go of the tensor; Gloo's worker may still hold it
-    process_group.broadcast_ints((cycle,))
+    collectives.broadcast_ints((cycle,))
     process_group.destroy()
 print(f"rank {rank}: {cycles} cycles", flush=True)
 """

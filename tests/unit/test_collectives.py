@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from yolov5_smddp.commands.val import detection_json
-from yolov5_smddp.distributed import process_group
-from yolov5_smddp.distributed.process_group import decode_exact, encode_exact
+from yolov5_smddp.distributed import collectives, process_group
+from yolov5_smddp.distributed.collectives import decode_exact, encode_exact
 from yolov5_smddp.models.autoanchor import AnchorCheck
 from yolov5_smddp.train import autobatch
 
@@ -62,12 +62,12 @@ def test_encode_exact_values():
 def test_alone_the_helpers_hand_back_their_input():
     assert not process_group.is_initialized()
     t = torch.tensor([[1, 2]], dtype=torch.int64)
-    copy = process_group.broadcast_tensor(t)
+    copy = collectives.broadcast_tensor(t)
     assert torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
-    assert process_group.broadcast_ints((2**62, -1, True)) == (2**62, -1, 1)
-    assert [g.tolist() for g in process_group.all_gather_rows(t)] == [[[1, 2]]]
+    assert collectives.broadcast_ints((2**62, -1, True)) == (2**62, -1, 1)
+    assert [g.tolist() for g in collectives.all_gather_rows(t)] == [[[1, 2]]]
     module = nn.Linear(2, 1)
-    assert process_group.broadcast_module(module) is module
+    assert collectives.broadcast_module(module) is module
 
 
 def test_anchor_check_vector_round_trip():
@@ -130,9 +130,9 @@ def _worker(rank: int, folder: str, queue) -> None:
     process_group._state.update(rank=rank, world_size=2, device=torch.device("cpu"))
     try:
         big = torch.tensor([INT64_EDGES] * (3 - 2 * rank), dtype=torch.int64) + rank  # 3 rows, then 1
-        rows = [g.tolist() for g in process_group.all_gather_rows(big)]
-        empty = [tuple(g.shape) for g in process_group.all_gather_rows(torch.zeros((2 * rank, 5)))]
-        ints = process_group.broadcast_ints((2**53 + 1 + rank, -rank, rank == 0))
+        rows = [g.tolist() for g in collectives.all_gather_rows(big)]
+        empty = [tuple(g.shape) for g in collectives.all_gather_rows(torch.zeros((2 * rank, 5)))]
+        ints = collectives.broadcast_ints((2**53 + 1 + rank, -rank, rank == 0))
         torch.manual_seed(rank)
         module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
         module[1].running_mean.uniform_()
@@ -145,7 +145,7 @@ def _worker(rank: int, folder: str, queue) -> None:
             return original(*args, **kwargs)
 
         dist.broadcast = counting
-        process_group.broadcast_module(module)
+        collectives.broadcast_module(module)
         dist.broadcast = original
         state = {k: v.tolist() for k, v in module.state_dict().items()}
         agreed = autobatch.agree_smallest((37, 23)[rank])  # --batch-size -1: SMDDP has no MIN all_reduce

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives, process_group
 from yolov5_smddp.distributed.process_group import BackendChoice, choose_backend, detect_dist_info
 from yolov5_smddp.errors import ConfigError
 
@@ -361,7 +361,7 @@ def test_single_process_helpers_are_no_ops():
     assert device.type == "cpu" and process_group.is_main() and process_group.world_size() == 1
     t = torch.tensor([3.0])
     assert process_group.all_reduce_mean(t).item() == 3.0
-    assert process_group.broadcast_ints((1, -2)) == (1, -2)
+    assert collectives.broadcast_ints((1, -2)) == (1, -2)
     process_group.barrier()
     process_group.destroy()
 

@@ -225,7 +225,7 @@ def _validate(args: argparse.Namespace, info) -> int:
     from yolov5_smddp.data.config import load_data_config
     from yolov5_smddp.data.loader import build_val_loader
     from yolov5_smddp.detection.metrics import results_table
-    from yolov5_smddp.distributed import process_group
+    from yolov5_smddp.distributed import collectives, process_group
     from yolov5_smddp.distributed.valshard import split_summary
     from yolov5_smddp.errors import ConfigError
     from yolov5_smddp.models.weights import load_model
@@ -295,9 +295,9 @@ def _validate(args: argparse.Namespace, info) -> int:
         # every rank's detection rows and scored positions, in rank order (positions in the shared index),
         # as plain float64 tensors (all_gather_rows ships them exactly as float32: nothing else on the wire)
         own = torch.cat(detection_rows) if detection_rows else torch.zeros((0, 7), dtype=torch.float64)
-        all_rows = torch.cat(process_group.all_gather_rows(own)).tolist()
+        all_rows = torch.cat(collectives.all_gather_rows(own)).tolist()
         own_scored = torch.tensor(scored, dtype=torch.float64).view(-1, 1)
-        gathered = torch.cat(process_group.all_gather_rows(own_scored)).view(-1).tolist()
+        gathered = torch.cat(collectives.all_gather_rows(own_scored)).view(-1).tolist()
         scored_paths = {str(index.images[int(i)]) for i in gathered}
         detections_json = [detection_json(row, json_ids, category_ids) for row in all_rows]
     undecodable = torch.tensor([float(dataset.undecodable_samples.value)], device=device)

@@ -23,7 +23,7 @@ from yolov5_smddp.data.color import apply_color
 from yolov5_smddp.data.decode import ImageProblem, decode_image
 from yolov5_smddp.detection.boxes import xywh_to_xyxy
 from yolov5_smddp.detection.metrics import match_predictions
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives, process_group
 from yolov5_smddp.plots.confusion import ConfusionMatrix
 from yolov5_smddp.plots.curves import Curves, compute_curves
 from yolov5_smddp.plots.mosaic import MAX_IMAGES, batch_mosaic, training_batch_boxes, write_jpeg
@@ -107,9 +107,9 @@ class ValidationPlots:
         if not process_group.is_initialized():
             return
         detections, target_cls = self._statistics()
-        all_detections = process_group.all_gather_rows(torch.from_numpy(detections))
-        all_targets = process_group.all_gather_rows(torch.from_numpy(target_cls).view(-1, 1))
-        matrices = process_group.all_gather_rows(torch.from_numpy(self.confusion.matrix))
+        all_detections = collectives.all_gather_rows(torch.from_numpy(detections))
+        all_targets = collectives.all_gather_rows(torch.from_numpy(target_cls).view(-1, 1))
+        matrices = collectives.all_gather_rows(torch.from_numpy(self.confusion.matrix))
         if not process_group.is_main():
             return
         merged = torch.cat(all_detections).numpy()

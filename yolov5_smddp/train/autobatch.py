@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives
 from yolov5_smddp.errors import ConfigError
 from yolov5_smddp.train.out_of_memory import GIB, is_cuda_oom
 
@@ -48,7 +48,7 @@ def agree_smallest(batch: int) -> int:
     """The smallest of every rank's `batch` (all_gather_rows, then min), on every rank."""
     import torch
 
-    gathered = process_group.all_gather_rows(torch.tensor([[batch]], dtype=torch.int64))
+    gathered = collectives.all_gather_rows(torch.tensor([[batch]], dtype=torch.int64))
     return int(min(int(g[0, 0]) for g in gathered))
 
 

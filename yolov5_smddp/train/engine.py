@@ -31,7 +31,7 @@ from yolov5_smddp.detection.metrics import (
     unpack_states,
 )
 from yolov5_smddp.detection.postprocess import non_max_suppression
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives, process_group
 from yolov5_smddp.errors import ConfigError, UserError
 from yolov5_smddp.models.wrappers import unwrap
 from yolov5_smddp.telemetry import Throughput, emit, metric_line
@@ -530,8 +530,8 @@ def _gathered_metrics(acc: MetricAccumulator, stopped: bool, device: torch.devic
     if stop_votes > 0:
         return None
     predictions, targets = pack_state(acc.state())
-    all_predictions = process_group.all_gather_rows(predictions)
-    all_targets = process_group.all_gather_rows(targets)
+    all_predictions = collectives.all_gather_rows(predictions)
+    all_targets = collectives.all_gather_rows(targets)
     if not process_group.is_main():
         return None
     return metrics_from_state(unpack_states(all_predictions, all_targets), int(num_images))

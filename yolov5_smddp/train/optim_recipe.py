@@ -57,7 +57,7 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     and its int64 num_batches_tracked) from rank 0 before each forward: one more collective per step, and
     an int64 one, which SMDDP does not document. Training-mode BatchNorm normalises with the batch's own
     statistics, so the running statistics feed only the EMA, and the EMA that is validated and saved is
-    rank 0's, broadcast to every rank as float32 before each validation (process_group.broadcast_module).
+    rank 0's, broadcast to every rank as float32 before each validation (collectives.broadcast_module).
     The parameters, the same on every rank, are still broadcast once at construction."""
     return nn.parallel.DistributedDataParallel(
         model,

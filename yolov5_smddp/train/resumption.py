@@ -13,7 +13,7 @@ import torch
 from yolov5_smddp.config.output_dirs import OutputDirs
 from yolov5_smddp.config.resume import resume_run, same_data
 from yolov5_smddp.config.train_config import TrainConfig
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives
 from yolov5_smddp.errors import ConfigError, WeightsError
 from yolov5_smddp.files.atomic import atomic_copy, make_folder
 from yolov5_smddp.train import checkpoint
@@ -121,7 +121,7 @@ def resume(run: Run, resumable: Path | None, saved: dict[str, Any] | None) -> ch
             )
     # a checkpoint folder that is not shared or synced to every node would silently desynchronise
     # optimizer states
-    agreed = process_group.broadcast_ints((state.epoch, state.iteration))
+    agreed = collectives.broadcast_ints((state.epoch, state.iteration))
     if agreed != (state.epoch, state.iteration):
         raise WeightsError(
             f"rank {run.info.rank} would resume at epoch {state.epoch + 1} but rank 0 at epoch {agreed[0] + 1}: "

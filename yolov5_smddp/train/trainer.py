@@ -27,7 +27,7 @@ from yolov5_smddp import plots
 from yolov5_smddp.config.batch import BatchPlan
 from yolov5_smddp.config.train_config import TrainConfig
 from yolov5_smddp.detection.metrics import DetectionMetrics
-from yolov5_smddp.distributed import process_group
+from yolov5_smddp.distributed import collectives, process_group
 from yolov5_smddp.errors import EXIT_INTERRUPTED
 from yolov5_smddp.files import claimed_dir
 from yolov5_smddp.files.atomic import atomic_copy
@@ -317,7 +317,7 @@ def validate_epoch(
         recorder = plots.ValidationPlots(
             index.images, index.shapes, index.labels, bundle.nc, keep_first=run.main
         )
-    process_group.broadcast_module(run.stack.ema.module)  # one model: rank 0's EMA, buffers too
+    collectives.broadcast_module(run.stack.ema.module)  # one model: rank 0's EMA, buffers too
     metrics = validate(
         run,
         run.stack.ema.module,
@@ -338,7 +338,7 @@ def stop_after_epoch(
     the last epoch (then `outcome` records the interruption)."""
     main, patience = run.main, run.config.patience
     stop_early = main and patience > 0 and state.stale_epochs >= patience
-    stop_early, sigterm = map(bool, process_group.broadcast_ints((stop_early, main and stop.requested)))
+    stop_early, sigterm = map(bool, collectives.broadcast_ints((stop_early, main and stop.requested)))
     if sigterm and epoch + 1 < run.epochs:
         if main:
             where = checkpoint.interrupted_message(f"after epoch {epoch + 1}", run.dirs.checkpoint_dir)
@@ -383,14 +383,14 @@ def share_anchor_check(check: AnchorCheck | None, *, anchors: int) -> AnchorChec
     """AutoAnchor's `share`: rank 0's check (None elsewhere) on every rank, one float broadcast of
     `AnchorCheck.to_vector()` (`anchors`: the model's anchor count, nl * na)."""
     vector = check.to_vector() if check is not None else np.zeros(4 + 2 * anchors)
-    return AnchorCheck.from_vector(process_group.broadcast_tensor(torch.from_numpy(vector)).numpy())
+    return AnchorCheck.from_vector(collectives.broadcast_tensor(torch.from_numpy(vector)).numpy())
 
 
 def plan_epochs(run: Run, state: checkpoint.RunState, budget: TimeBudget, *, epochs_done: int) -> None:
     """--time, after an epoch's training: rank 0 plans the run's epochs from the measured epoch times
     (budget.py), every rank takes its count (the schedule follows it); the state records the seconds used
     and the plan for the checkpoint."""
-    (planned,) = process_group.broadcast_ints((budget.plan(epochs_done) if run.main else 0,))
+    (planned,) = collectives.broadcast_ints((budget.plan(epochs_done) if run.main else 0,))
     if run.main and planned != run.epochs:
         log.info(
             "time budget: %.3g of %.3g h used, the last epoch %.1f s: %d epochs in all (was %d)",
@@ -611,11 +611,11 @@ def validate_best(
     and when `should_stop()` turns true (SIGTERM) on any rank."""
     ema = run.stack.ema
     best_path = run.dirs.checkpoint_dir / checkpoint.BEST
-    if not process_group.broadcast_ints((run.main and best_path.is_file(),))[0]:
+    if not collectives.broadcast_ints((run.main and best_path.is_file(),))[0]:
         return None
     if run.main:
         ema.load_state_dict(checkpoint.load_checkpoint(best_path)["ema"])
-    process_group.broadcast_module(ema.module)
+    collectives.broadcast_module(ema.module)
     with torch.no_grad():
         for tensor in ema.module.state_dict().values():
             if tensor.is_floating_point():
