@@ -66,8 +66,9 @@ def refuse_container_arguments(extra: list[str]) -> None:
     """A job with a SageMaker config that also got container arguments (the API's ContainerArguments, or
     options after `train`): they are not the job's hyperparameters, and training with something else than
     asked is worse than not training. One line on stderr, the failure file, exit 2."""
+    from yolov5_smddp.problems import EXIT_USER_ERROR
     from yolov5_smddp.sagemaker.env import default_failure_file
-    from yolov5_smddp.sagemaker.failure import EXIT_USER_ERROR, write_failure
+    from yolov5_smddp.sagemaker.failure import write_failure
 
     reason = (
         f"Invalid hyperparameter or option: the container got the arguments {extra} (ContainerArguments) "

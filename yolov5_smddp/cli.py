@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from yolov5_smddp import hostmem
+from yolov5_smddp import hostmem, problems
 from yolov5_smddp.sagemaker import failure
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,10 +63,10 @@ def report(exc: Exception) -> int:
     line and its exit code; anything else is re-raised (its traceback). Either way the failure file
     where SageMaker's output folder is in use. Call it from an `except` block."""
     failure_file = failure.command_failure_file(os.environ)
-    known = failure.is_known_problem(exc)
+    known = problems.is_known_problem(exc)
     if known:
         log.debug("known problem", exc_info=True)
-        print(failure.error_line(exc), file=sys.stderr)
+        print(problems.error_line(exc), file=sys.stderr)
     if failure_file is not None:
         details = "" if known else "".join(traceback.format_exception(exc))
         try:
@@ -75,7 +75,7 @@ def report(exc: Exception) -> int:
             print(f"error: could not write {failure_file}: {write_exc}", file=sys.stderr)
     if not known:
         raise exc
-    return failure.exit_code(exc)
+    return problems.exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-from yolov5_smddp import torch_patches
+from yolov5_smddp import problems, torch_patches
 from yolov5_smddp.commands.train import run_config
 from yolov5_smddp.config import worker_config
 from yolov5_smddp.config.train_config import TrainConfig
@@ -228,14 +228,12 @@ def _run_worker(argv: list[str]) -> int:
     try:
         return run_config(read_worker_args(argv))
     except Exception as exc:
-        from yolov5_smddp.sagemaker import failure  # it imports this module
-
-        if not failure.is_known_problem(exc):
+        if not problems.is_known_problem(exc):
             raise
-        line = failure.error_line(exc)
+        line = problems.error_line(exc)
         print(line, file=sys.stderr, flush=True)
         write_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"), line.removeprefix("error: "))
-        return failure.exit_code(exc)
+        return problems.exit_code(exc)
 
 
 def write_error_file(path: str | None, message: str) -> None:

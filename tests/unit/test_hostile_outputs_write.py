@@ -26,7 +26,8 @@ from yolov5_smddp.files import atomic
 from yolov5_smddp.files.atomic import atomic_write, make_folder
 from yolov5_smddp.models.weights import save_weights
 from yolov5_smddp.models.yolo import build_model
-from yolov5_smddp.sagemaker.failure import exit_code, failure_reason
+from yolov5_smddp.problems import exit_code
+from yolov5_smddp.sagemaker.failure import failure_reason
 from yolov5_smddp.train.checkpoint import save_checkpoint
 
 ADVICE = "raise volume_size (the job's storage volume, in GB) or write less into it"

@@ -17,19 +17,34 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import cv2
 import numpy as np
 
 from yolov5_smddp.data import native
 
-if TYPE_CHECKING:
-    from yolov5_smddp.config.hyp import Hyp
-
 log = logging.getLogger(__name__)
 
 PAD_VALUE = 114
+
+
+class AugmentSource(Protocol):
+    """What `AugmentParams.from_hyp` reads, by attribute: the run's typed hyperparameters (config.hyp.Hyp)
+    have these keys; data/ names only this shape, so it never imports config/."""
+
+    hsv_h: float
+    hsv_s: float
+    hsv_v: float
+    degrees: float
+    translate: float
+    scale: float
+    shear: float
+    perspective: float
+    flipud: float
+    fliplr: float
+    mosaic: float
+    mixup: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +77,7 @@ class AugmentParams:
     """MixUp probability."""
 
     @classmethod
-    def from_hyp(cls, hyp: Hyp | AugmentParams | None) -> AugmentParams:
+    def from_hyp(cls, hyp: AugmentSource | None) -> AugmentParams:
         """The augmentation values of the run's typed hyperparameters (config.Hyp, or an AugmentParams),
         read by attribute; None: the defaults."""
         if hyp is None:

@@ -46,13 +46,14 @@ import math
 import multiprocessing
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import cv2
 import numpy as np
 
 from yolov5_smddp.data.augment import (
     AugmentParams,
+    AugmentSource,
     MosaicGeometry,
     apply_color_hwc,
     compose_mosaic,
@@ -77,9 +78,6 @@ from yolov5_smddp.data.letterbox import letterbox
 from yolov5_smddp.data.pixelcache import DiskPixelCache
 from yolov5_smddp.data.restart_cache import RestartCache
 from yolov5_smddp.errors import DataError
-
-if TYPE_CHECKING:
-    from yolov5_smddp.config.hyp import Hyp
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +171,7 @@ class YoloDataset:
         img_size: int,
         *,
         augment: bool,
-        hyp: Hyp | AugmentParams | None,
+        hyp: AugmentSource | None,
         rect: bool = False,
         batch_size: int = 16,
         stride: int = 32,

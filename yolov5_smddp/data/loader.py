@@ -23,12 +23,12 @@ import random
 import signal
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from yolov5_smddp.data.augment import AugmentSource
 from yolov5_smddp.data.dataset import Skipped, YoloDataset
 from yolov5_smddp.data.worker_errors import (
     LoaderContext,
@@ -39,9 +39,6 @@ from yolov5_smddp.data.worker_errors import (
 )
 from yolov5_smddp.distributed.valshard import ContiguousSampler, shard_images
 from yolov5_smddp.errors import DataError
-
-if TYPE_CHECKING:
-    from yolov5_smddp.config.hyp import Hyp
 
 log = logging.getLogger(__name__)
 _EMPTY_SIDE = 32  # an all-skipped validation batch: no images, one stride in size
@@ -277,7 +274,7 @@ def build_val_loader(
     workers: int,
     rank: int = 0,
     world_size: int = 1,
-    hyp: Hyp | None = None,
+    hyp: AugmentSource | None = None,
     disk_cache=None,
 ) -> YoloLoader:
     """The validation loader of training and of `yolov5-smddp val` for one rank: images of `index`

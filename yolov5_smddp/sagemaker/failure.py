@@ -21,7 +21,6 @@ the same one line, and the failure file too where the SageMaker output folder is
 
 from __future__ import annotations
 
-import errno
 import logging
 import traceback
 from collections.abc import Mapping
@@ -31,53 +30,36 @@ from yolov5_smddp.errors import (
     EXIT_INTERRUPTED,
     ConfigError,
     DataError,
-    OutputError,
     UserError,
     WorkerFailed,
-    output_error,
 )
 from yolov5_smddp.files.atomic import atomic_write
+from yolov5_smddp.problems import (
+    as_output_error,
+    error_line,
+    exit_code,
+    is_known_problem,
+    known,
+)
 from yolov5_smddp.sagemaker.env import default_failure_file
-from yolov5_smddp.train.out_of_memory import as_memory_problem
 
 log = logging.getLogger(__name__)
-
-FAILURE_REASON_CHARS = 1024
-EXIT_USER_ERROR = 2
-EXIT_INTERNAL_ERROR = 1
-
-
-WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-"""OS errors that only a write raises: an OSError of these reaching the top is an output problem even
-where no atomic_write turned it into an OutputError (a library writing its own file)."""
 
 FULL_DISK_ADVICE = "raise volume_size (the job's storage volume, in GB) or write less into it"
 FULL_DISK_MARKS = ("no space left on ", "disk quota exceeded on ")
 """OutputError causes for a full disk, as the worker's recorded error text carries them too."""
 
 
-def as_output_error(exc: BaseException) -> OutputError | None:
-    """`exc` as the OutputError it stands for: itself, or an OSError only a write raises (with its
-    file name); None otherwise."""
-    if isinstance(exc, OutputError):
-        return exc
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS and exc.filename:
-        return output_error(exc, exc.filename)
-    return None
-
-
 def _full_disk_advice(text: str) -> str:
     return f": {FULL_DISK_ADVICE}" if any(mark in text for mark in FULL_DISK_MARKS) else ""
 
 
-def _known(exc: BaseException) -> BaseException:
-    """`exc`, or the MemoryExhausted it stands for."""
-    return as_memory_problem(exc) or exc
+FAILURE_REASON_CHARS = 1024
 
 
 def failure_reason(exc: BaseException) -> str:
     """One paragraph for /opt/ml/output/failure: what failed, which file/value, what to do."""
-    exc = exc if isinstance(exc, WorkerFailed) else _known(exc)
+    exc = exc if isinstance(exc, WorkerFailed) else known(exc)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, WorkerFailed):
         return (
@@ -99,29 +81,6 @@ def failure_reason(exc: BaseException) -> str:
         f"Training failed with {type(exc).__name__}: {text}. This is not a known input problem; "
         "the full traceback is in the job's log (CloudWatch)."
     )
-
-
-def exit_code(exc: BaseException) -> int:
-    """The process exit code for a failure (pure; see the module docstring)."""
-    if isinstance(exc, SystemExit) and isinstance(exc.code, int):
-        return exc.code
-    worker_code = getattr(exc, "exitcode", 0)
-    if isinstance(worker_code, int) and worker_code > 0:
-        return worker_code
-    if isinstance(_known(exc), UserError) or as_output_error(exc) is not None:
-        return EXIT_USER_ERROR
-    return EXIT_INTERNAL_ERROR
-
-
-def is_known_problem(exc: BaseException) -> bool:
-    """A bad input or an output that cannot be written: reported in one line, no traceback."""
-    return isinstance(_known(exc), UserError) or as_output_error(exc) is not None
-
-
-def error_line(exc: BaseException) -> str:
-    """The one `error:` line of a known problem (is_known_problem)."""
-    problem = as_output_error(exc) or _known(exc)
-    return "error: " + " ".join(str(problem).split())
 
 
 def write_failure(path: Path, reason: str, details: str = "") -> None:
