@@ -17,6 +17,8 @@ from tiny_training import tiny_training
 
 from yolov5_smddp.cli import main
 from yolov5_smddp.files import atomic, claimed_dir
+from yolov5_smddp.inference import export
+from yolov5_smddp.serving import serving_formats
 from yolov5_smddp.train import checkpoint, engine
 
 
@@ -54,9 +56,13 @@ def test_checkpoint_folder_stays_clean_and_a_full_model_folder_fails_the_run(
         renamed.append(Path(dst).name)
         seen.append(sorted(p.name for p in ckpt.iterdir()))
 
+    first_export = (
+        "best" + export.SUFFIXES[serving_formats()[0]]
+    )  # best.pt2 on torch >= 2.10, else .torchscript
+
     def exports_hit_a_full_disk(path: Path, *staging):
         fd, tmp = real_create(path, *staging)
-        if path.name == "best.torchscript":  # the model folder fills while the exports are written
+        if path.name == first_export:  # the model folder fills while the exports are written
             dev_full = os.open("/dev/full", os.O_WRONLY)
             os.dup2(dev_full, fd)
             os.close(dev_full)
@@ -70,7 +76,7 @@ def test_checkpoint_folder_stays_clean_and_a_full_model_folder_fails_the_run(
     assert code == 2, err[-3000:]
     model = out / "model"
     assert failure.read_text().startswith(f"Output problem: no space left on {model}")
-    assert f"error: cannot write {model / 'best.torchscript'}: no space left on {model}" in err
+    assert f"error: cannot write {model / first_export}: no space left on {model}" in err
     assert not stale.exists()
     assert seen and all(not any(claimed_dir.TEMPORARY.match(n) for n in names) for names in seen)
     assert {"last.pt", "epoch1.pt"} <= set(seen[-1]) and "epoch1.pt" in renamed  # a copy renamed in whole

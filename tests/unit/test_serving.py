@@ -56,7 +56,10 @@ def folder(tmp_path_factory):
 def test_model_folder_holds_only_what_serving_needs(folder):
     model_dir, _ = folder
     files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
-    assert files == ["best.onnx", "best.pt", "best.torchscript", "code/inference.py"]
+    model_file = (
+        "best" + export.SUFFIXES[serving_formats()[0]]
+    )  # best.pt2 on torch >= 2.10, else .torchscript
+    assert files == sorted(["best.onnx", "best.pt", model_file, "code/inference.py"])
     assert (model_dir / "code" / "inference.py").read_text() == handler_source()
     # self-contained: the standard library and what the SageMaker PyTorch inference container has
     tree = ast.parse(handler_source())
@@ -225,9 +228,9 @@ def test_after_a_sigterm_exports_are_written_only_while_the_window_allows(tmp_pa
     with caplog.at_level(logging.WARNING):
         written = write_model_folder(tmp_path / "b", model, 64, time_left=lambda: 3.0)
     assert sorted(written) == ["handler"]
-    assert "model folder: best.torchscript, best.onnx skipped: 3 s left" in caplog.text
+    assert f"model folder: best{export.SUFFIXES[model_format]}, best.onnx skipped: 3 s left" in caplog.text
     written = write_model_folder(tmp_path / "c", model, 64, time_left=lambda: None)  # no SIGTERM
-    assert sorted(written) == ["handler", "onnx", "torchscript"]
+    assert sorted(written) == sorted(["handler", "onnx", model_format])
 
 
 # --- limits: decompression bombs are refused before anything is decoded --------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import io
 import json
 import logging
 import os
@@ -201,8 +202,13 @@ def _pt2(module: nn.Module, example: torch.Tensor, path: Path, config: dict) -> 
     on), its config as the archive's extra file config.txt, as best.torchscript carries it."""
     with torch.inference_mode(False), torch.no_grad():
         program = torch.export.export(module, (example,), strict=False)
+    # serialised in memory first: torch's zip writer aborts the process (a C++ exception while it is
+    # collected) when the file under it fails to write, e.g. a full model folder; the bytes then go through
+    # atomic_write, whose failure is a plain OutputError (exit 2)
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={TORCHSCRIPT_CONFIG: json.dumps(config)})
     with atomic_write(path) as handle:
-        torch.export.save(program, handle, extra_files={TORCHSCRIPT_CONFIG: json.dumps(config)})
+        handle.write(buffer.getbuffer())
 
 
 @contextmanager
