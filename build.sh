@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build, test, run and push the yolov5-smddp training image. Run `./build.sh help` for the commands.
 set -euo pipefail
+# a failing command inside $(...) stops that substitution too (bash >= 4.4; macOS's bash 3.2 lacks it,
+# so every docker build below also says what failed itself)
+shopt -s inherit_errexit 2>/dev/null || true
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
@@ -121,7 +124,7 @@ cmd_build() {
     docker build ${DOCKER_BUILD_ARGS:-} \
         --build-arg "BASE_IMAGE=$base_image" --build-arg "REGION=$REGION" --build-arg "DLC=$DLC" \
         --build-arg "VERSION=$(version)" --build-arg "GIT_REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-        -t "$tag" -t "$latest" -f Dockerfile . >&2
+        -t "$tag" -t "$latest" -f Dockerfile . >&2 || die "docker build of $tag on $base_image failed (its output above)"
     echo "$tag"
 }
 
@@ -247,7 +250,8 @@ cmd_test() {
         project="$(IMAGE_NAME="${IMAGE_NAME}-$1" cmd_build --base "$base")"
         test_image="${IMAGE_NAME}-$1-test:$(version)-$(git_sha)"
         echo "== test image $test_image" >&2
-        docker build --build-arg "BASE_IMAGE=$project" -t "$test_image" -f docker/test.Dockerfile docker >&2
+        docker build --build-arg "BASE_IMAGE=$project" -t "$test_image" -f docker/test.Dockerfile docker >&2 ||
+            die "docker build of the test image $test_image on $project failed (its output above)"
         echo "$test_image"
     }
     local current_test_image dlc_test_image
