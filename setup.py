@@ -137,6 +137,32 @@ def fetch_tarball(sources: list[str], dest: Path, expected: str = LIBJPEG_TURBO_
     )
 
 
+def extract_plain(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extracts `tar` under `dest`, refusing any member that is not a plain file or folder inside it (an
+    absolute or `..` path, a link, a device). tarfile's own "data" filter does that from Python 3.11.4 /
+    3.10.12 on; the DLC-versions suite's Python (Debian bookworm's 3.11.2) predates it, so the check is ours
+    on every version."""
+    members = tar.getmembers()
+    for member in members:
+        if member.issym() or member.islnk():
+            why = "a link"
+        elif not (member.isfile() or member.isdir()):
+            why = "a special file"
+        elif member.name.startswith(("/", "\\")) or ".." in Path(member.name).parts:
+            why = "a path outside the folder"
+        else:
+            continue
+        raise CompileError(f"{tar.name}: refusing member {member.name!r} ({why})")
+    for member in members:  # no owner, no set-id bits: the files are ours, readable and ours to remove
+        member.uid = member.gid = 0
+        member.uname = member.gname = ""
+        member.mode = 0o755 if member.isdir() or member.mode & 0o100 else 0o644
+    if hasattr(tarfile, "data_filter"):  # and tarfile's own check where it has one (no warning on 3.12+)
+        tar.extractall(dest, members=members, filter="data")
+    else:
+        tar.extractall(dest, members=members)
+
+
 def build_static_libjpeg(tarball: Path, work: Path) -> tuple[Path, Path]:
     """libjpeg-turbo built from `tarball` as a static, position-independent library (SIMD required on
     x86-64) and installed under work/prefix; returns (its include folder, its libjpeg.a). Kept: a rebuild
@@ -150,7 +176,7 @@ def build_static_libjpeg(tarball: Path, work: Path) -> tuple[Path, Path]:
         shutil.rmtree(src)
     src.mkdir(parents=True)
     with tarfile.open(tarball) as tar:
-        tar.extractall(src, filter="data")
+        extract_plain(tar, src)
     [top] = [p for p in src.iterdir() if p.is_dir()]
     build = work / "build"
     flags = [

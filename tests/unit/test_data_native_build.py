@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 from native_part import installed_library
 from setuptools import Distribution
-from setuptools.errors import PlatformError
+from setuptools.errors import CompileError, PlatformError
 
 from yolov5_smddp.data import native
 
@@ -81,6 +83,67 @@ def test_a_tarball_whose_hash_differs_is_refused_with_one_line(tmp_path):
         setup_py.fetch_tarball([str(wrong), str(good)], dest, hashlib.sha256(b"pinned").hexdigest()) == dest
     )
     assert dest.read_bytes() == b"pinned"
+
+
+def _tarball(path: Path, *members: tuple[str, bytes | None, str]) -> Path:
+    """A .tar.gz with (name, content, kind) members: kind "file" (content), "dir", "symlink" (to content)
+    or "fifo"."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, content, kind in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                info.size, info.mode = len(content), 0o4755  # set-uid: must not survive
+                tar.addfile(info, io.BytesIO(content))
+                continue
+            info.type = {"dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE, "fifo": tarfile.FIFOTYPE}[kind]
+            info.linkname = (content or b"").decode()
+            tar.addfile(info)
+    return path
+
+
+@pytest.mark.parametrize("has_data_filter", [True, False], ids=["python>=3.11.4", "python3.11.2"])
+def test_the_tarball_is_extracted_with_plain_files_on_pythons_without_the_data_filter(
+    tmp_path, monkeypatch, has_data_filter
+):
+    # Debian bookworm's Python 3.11.2 (the DLC-versions suite) has no tarfile.data_filter and no
+    # extractall(filter=...): the build failed there with a TypeError before extract_plain
+    if not has_data_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+        real = tarfile.TarFile.extractall
+
+        def extractall_of_3_11_2(self, path=".", members=None, *, numeric_owner=False, **kwargs):
+            assert not kwargs, f"Python 3.11.2's extractall takes no {sorted(kwargs)}"
+            return real(self, path, members, numeric_owner=numeric_owner)
+
+        monkeypatch.setattr(tarfile.TarFile, "extractall", extractall_of_3_11_2)
+    good = _tarball(tmp_path / "good.tar.gz", ("top", None, "dir"), ("top/a.c", b"int a;", "file"))
+    dest = tmp_path / "src"
+    with tarfile.open(good) as tar:
+        setup_py.extract_plain(tar, dest)
+    assert (dest / "top" / "a.c").read_bytes() == b"int a;"
+    assert (dest / "top" / "a.c").stat().st_mode & 0o7777 == 0o755  # executable kept, set-uid dropped
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (("top/link", b"/etc/passwd", "symlink"), "a link"),
+        (("top/pipe", None, "fifo"), "a special file"),
+        (("../outside.c", b"x", "file"), "a path outside the folder"),
+        (("/abs.c", b"x", "file"), "a path outside the folder"),
+    ],
+)
+def test_a_tarball_member_that_is_not_a_plain_file_inside_is_refused_and_nothing_is_written(
+    tmp_path, monkeypatch, member, why
+):
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)  # our check, not tarfile's
+    bad = _tarball(tmp_path / "bad.tar.gz", ("top", None, "dir"), ("top/a.c", b"int a;", "file"), member)
+    dest = tmp_path / "src"
+    dest.mkdir()
+    with tarfile.open(bad) as tar, pytest.raises(CompileError) as caught:
+        setup_py.extract_plain(tar, dest)
+    assert f"refusing member {member[0]!r} ({why})" in str(caught.value)
+    assert list(dest.iterdir()) == [] and not (tmp_path / "outside.c").exists()
 
 
 def test_the_refusal_names_the_tools_and_the_opt_out():
