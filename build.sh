@@ -199,6 +199,19 @@ run_pytest() {  # run_pytest WHAT COMMAND...: pytest's exit 5 (no tests collecte
     [[ $rc -eq 0 ]] || die "$what failed (exit $rc)"
 }
 
+test_chain() {  # test_chain NAME BASE_SCRIPT: a suite's base, the project image on it ($DLC flavour), the
+    # test image on that; prints the test image's tag on the last line of stdout, fails at the first failure
+    local name=$1 base project test_image
+    base="$(bash "$here/$2" | tail -n 1)"
+    [[ -n $base ]] || die "$2 printed no base image"
+    project="$(IMAGE_NAME="${IMAGE_NAME}-$name" cmd_build --base "$base")"
+    test_image="${IMAGE_NAME}-$name-test:$(version)-$(git_sha)"
+    echo "== test image $test_image" >&2
+    docker build --build-arg "BASE_IMAGE=$project" -t "$test_image" -f docker/test.Dockerfile docker >&2 ||
+        die "docker build of the test image $test_image on $project failed (its output above)"
+    echo "$test_image"
+}
+
 cmd_test() {
     need_docker
     command -v python3 >/dev/null || die "python3 is needed for the container tests"
@@ -206,20 +219,23 @@ cmd_test() {
     logs="$(mktemp -d "${TMPDIR:-/tmp}/yolov5-smddp-test-logs.XXXXXX")"
     # Two unit/integration suites, one per DLC flavour's versions: the current DLC's (docker/current: Python
     # 3.13, torch 2.10 from PyPI) and the SMDDP DLC's (docker/dlc-versions: Python 3.11, torch 2.5.1 from
-    # PyPI; TEST_DLC_VERSIONS=0 leaves it out). Their bases (mostly downloads) build in the background while
-    # the SMDDP stand-in and its image, which the container tests use, build in the foreground.
+    # PyPI; TEST_DLC_VERSIONS=0 leaves it out). Each suite's chain (its base, mostly downloads, then the
+    # project image on it, then the test image) builds in the background while the SMDDP stand-in and its
+    # image, which the container tests use, build in the foreground: three chains at once, as a build step
+    # waits on the disk and the network more than on the cores.
     local dlc=${TEST_DLC_VERSIONS:-1} current_pid dlc_pid=""
-    bash "$here/docker/current/build.sh" >"$logs/current-base.out" 2>"$logs/current-base.log" &
+    DLC=current test_chain current docker/current/build.sh >"$logs/current.out" 2>"$logs/current.log" &
     current_pid=$!
     if [[ $dlc == 1 ]]; then
-        bash "$here/docker/dlc-versions/build.sh" >"$logs/dlc-base.out" 2>"$logs/dlc-base.log" &
+        DLC=smddp test_chain dlc-versions docker/dlc-versions/build.sh >"$logs/dlc.out" 2>"$logs/dlc.log" &
         dlc_pid=$!
     fi
-    # a step that dies before the suites start (a failed build, ruff) takes the background builds along
+    # a step that dies before the suites start (a failed build, ruff) takes the background chains along
     # shellcheck disable=SC2064  # the pids now: they are local to this function
-    trap "for p in $current_pid $dlc_pid; do kill \$(pgrep -P \$p 2>/dev/null) \$p 2>/dev/null || true; done" EXIT
+    trap "for p in $current_pid $dlc_pid; do pkill -P \$p 2>/dev/null; kill \$p 2>/dev/null || true; done" EXIT
     standin="$(DLC=smddp cmd_local_base)"
     image="$(DLC=smddp cmd_build --base local)"
+    echo "== the SMDDP stand-in's image $image built after $((SECONDS - start)) s" >&2
 
     # The unit and integration tests on both DLCs' versions, at the same time: the torch internals we rely
     # on differ between releases. Two containers, each its own network and /tmp; each suite's output goes to
@@ -239,25 +255,22 @@ cmd_test() {
         pids+=($!)
         names+=("$1")
     }
-    suite_image() {  # suite_image NAME BASE_LOG BASE_PID: the test image on that base (stdout), or ""
-        local base_rc=0 base project test_image
-        wait "$3" || base_rc=$?
-        if [[ $base_rc -ne 0 ]]; then
-            tail -n 30 "$logs/$2.log" >&2
-            return 0  # no image: the caller records the failure
+    chain_image() {  # chain_image NAME PID: the test image its chain built (stdout), or "" with its log's end
+        local rc=0
+        wait "$2" || rc=$?
+        if [[ $rc -ne 0 ]]; then
+            echo "== the $1 test image did not build (exit $rc); the end of its log:" >&2
+            tail -n 40 "$logs/$1.log" >&2
+            return 0
         fi
-        base="$(tail -n 1 "$logs/$2.out")"
-        project="$(IMAGE_NAME="${IMAGE_NAME}-$1" cmd_build --base "$base")"
-        test_image="${IMAGE_NAME}-$1-test:$(version)-$(git_sha)"
-        echo "== test image $test_image" >&2
-        docker build --build-arg "BASE_IMAGE=$project" -t "$test_image" -f docker/test.Dockerfile docker >&2 ||
-            die "docker build of the test image $test_image on $project failed (its output above)"
-        echo "$test_image"
+        grep -E '^(==|\[[a-z-]+\] (built|python)|stand-in base)' "$logs/$1.log" >&2 || true
+        echo "== the $1 test image ready after $((SECONDS - start)) s" >&2
+        tail -n 1 "$logs/$1.out"
     }
     local current_test_image dlc_test_image
-    current_test_image="$(DLC=current suite_image current current-base "$current_pid")"
+    current_test_image="$(chain_image current "$current_pid")"
     if [[ -z $current_test_image ]]; then
-        failed+=("the current-DLC test base did not build (its log's end above)")
+        failed+=("the current-DLC test image did not build (its log's end above)")
     else
         echo "== ruff inside $current_test_image" >&2
         docker run --rm -v "$here:/src" -w /src -e PYTHONDONTWRITEBYTECODE=1 "$current_test_image" \
@@ -268,9 +281,9 @@ cmd_test() {
             "$current_test_image" current
     fi
     if [[ -n $dlc_pid ]]; then
-        dlc_test_image="$(DLC=smddp suite_image dlc-versions dlc-base "$dlc_pid")"
+        dlc_test_image="$(chain_image dlc "$dlc_pid")"
         if [[ -z $dlc_test_image ]]; then
-            failed+=("the DLC-versions test base did not build (its log's end above)")
+            failed+=("the DLC-versions test image did not build (its log's end above)")
         else
             start_suite "unit/integration tests on the SMDDP DLC's versions ($dlc_test_image)" \
                 "$dlc_test_image" dlc-versions

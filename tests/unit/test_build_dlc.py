@@ -79,5 +79,6 @@ def test_an_unknown_dlc_is_one_clear_line(tmp_path):
 def test_the_dockerfile_labels_the_flavour_and_defaults_to_the_current_dlc():
     text = (ROOT / "Dockerfile").read_text()
     assert 'io.github.yolov5-smddp.dlc="${DLC}"' in text
-    assert "ARG DLC=current\n" in text and "ARG DLC_TAG=${CURRENT_DLC_TAG}\n" in text
+    [labels_arg] = [line for line in text.splitlines() if line.startswith("ARG BASE_IMAGE ")]
+    assert " DLC=current " in labels_arg and "ARG DLC_TAG=${CURRENT_DLC_TAG}\n" in text
     assert dlc.DEFAULT_DLC == "current" and dlc.DLC_TAGS["smddp"] == dlc.SMDDP_DLC_TAG
