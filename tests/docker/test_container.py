@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from stopping import STOPPED_MODEL_FILES, model_files
+from stopping import model_files, stopped_model_files
 
 from tests.docker.conftest import TINY_HPS, opt_ml_mounts, opt_ml_tree
 from tests.docker.engine import Engine, bind, logs, wait_for_log
@@ -133,7 +133,7 @@ def stop_mid_training(engine: Engine, image: str, root: Path, dataset: Path) -> 
     assert failure.startswith("Training was stopped by SIGTERM") and "Traceback" not in failure
     model = root / "model"
     files = model_files(model)
-    assert files == STOPPED_MODEL_FILES, files
+    assert files == stopped_model_files("torchscript"), files  # the SMDDP stand-in's torch 2.6
     metrics = json.loads((model / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["weights_from"] == "best", metrics
     assert re.fullmatch(r"(in|after) epoch \d+", metrics["stopped"]) and metrics["epochs"] >= 1, metrics

@@ -15,7 +15,13 @@ import pytest
 import torch
 from child_env import child_env as _env  # this checkout first on PYTHONPATH, no rank variables
 from detections import assert_same_detections, run_handler
-from stopping import STOPPED_MODEL_FILES, model_files, run_until
+from stopping import model_files, run_until, stopped_model_files
+
+from yolov5_smddp.serving import serving_formats
+
+FIRST_EXPORT = serving_formats()[0]
+"""The model folder's first export where these tests run: pt2 on torch >= 2.10, else torchscript."""
+
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +131,7 @@ def test_model_folder_deploys_and_stays_small(embedded_run, tmp_path):
     out, _, _ = embedded_run
     model_dir = out / "model"
     files = sorted(str(p.relative_to(model_dir)) for p in model_dir.rglob("*") if p.is_file())
-    expected = ["best.pt", "best.torchscript", "code/inference.py", "config.json", "metrics.json"]
+    expected = ["best.pt", f"best.{FIRST_EXPORT}", "code/inference.py", "config.json", "metrics.json"]
     if importlib.util.find_spec("onnx") is not None:
         expected = sorted([*expected, "best.onnx"])
     assert files == expected
@@ -187,7 +193,7 @@ def _assert_stopped_model_folder(model_dir: Path, stopped: str, weights_from: st
     """The model folder a stopped job leaves: best.pt that loads and predicts, the handler, config.json,
     metrics.json saying where the stop came, and (time allowing: here plenty) the exports."""
     files = model_files(model_dir)
-    assert files == STOPPED_MODEL_FILES, files
+    assert files == stopped_model_files(FIRST_EXPORT), files
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert (metrics["interrupted"], metrics["stopped"], metrics["weights_from"]) == (
         True,
@@ -351,7 +357,7 @@ def test_time_budget_ends_training_with_the_normal_outputs(tmp_path):
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
     metrics = json.loads((out / "model" / "metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["final"] is not None and metrics["per_class"]
-    for name in ("best.pt", "best.torchscript", "config.json", "code/inference.py"):
+    for name in ("best.pt", f"best.{FIRST_EXPORT}", "config.json", "code/inference.py"):
         assert (out / "model" / name).is_file(), name
     state = torch.load(out / "ckpt" / "last.pt", weights_only=True)
     assert (state["planned_epochs"], state["time_used"]) == (3, 30.0)

@@ -8,16 +8,15 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-STOPPED_MODEL_FILES = [
-    "best.onnx",
-    "best.pt",
-    "best.torchscript",
-    "code/inference.py",
-    "config.json",
-    "metrics.json",
-]
-"""The model folder of a job stopped by SIGTERM with time to spare (more than 30 s of the 120 s left):
-the weights, both exports, the serving handler, the run's config and its metrics (interrupted)."""
+
+def stopped_model_files(first_export: str) -> list[str]:
+    """The model folder of a job stopped by SIGTERM with time to spare (more than 30 s of the 120 s left):
+    the weights, both exports, the serving handler, the run's config and its metrics (interrupted).
+    `first_export`: serving.serving_formats()[0] where the job ran, "pt2" on torch >= 2.10, else
+    "torchscript" (the container tests' SMDDP stand-in)."""
+    return sorted(
+        ["best.onnx", "best.pt", f"best.{first_export}", "code/inference.py", "config.json", "metrics.json"]
+    )
 
 
 def model_files(model_dir: Path) -> list[str]:

@@ -22,6 +22,24 @@ def test_a_rank_killed_by_a_signal_is_named_ahead_of_an_earlier_survivor():
     assert blame.cause_words(killed, oom_killed=False).startswith("was killed by signal SIGKILL")
 
 
+def test_a_rank_naming_a_hung_peer_is_named_ahead_of_that_peers_later_kill_by_the_launcher():
+    # rank 1 paused (SIGSTOP): rank 0's collective timed out and its liveness check named rank 1; torch
+    # 2.10's agent then reports rank 1's SIGKILL (its own, after the grace) as a failure too
+    said = (
+        "RankStopped: training rank 1 on host algo-1 did not answer the collective for 10 s (--dist-timeout): "
+        "its heartbeat stopped (paused with SIGSTOP, hung, or its host stalled) (noticed by rank 0 on host algo-1)"
+    )
+    noticed = blame.Failed(rank=0, exitcode=1, message=said, timestamp=100)
+    killed = blame.Failed(rank=1, exitcode=-signal.SIGKILL, message="", timestamp=140)
+    assert blame.blame([killed, noticed]) is noticed
+    assert "training rank 1 on host algo-1 did not answer" in blame.cause_words(noticed, oom_killed=False)
+    # a dead peer ("stopped answering") is not a hung one: its own end (an OOM kill, say) stays first
+    died = blame.Failed(
+        0, 1, "RankStopped: training rank 1 on host algo-1 stopped answering: its heartbeat", 100
+    )
+    assert blame.blame([died, killed]) is killed
+
+
 def test_a_ranks_own_error_is_named_ahead_of_transport_errors():
     own = blame.Failed(rank=3, exitcode=2, message="cannot write /ckpt/last.pt: no space left", timestamp=9)
     survivors = [blame.Failed(r, 1, m, 1) for r, m in ((0, RESET), (1, TIMED_OUT))]

@@ -140,4 +140,7 @@ def test_the_image_installs_a_pinned_tensorboard_so_tensorboard_dir_writes_event
     from pathlib import Path
 
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
-    assert re.search(r'python3 -c "import tensorboard" 2>/dev/null \|\| pip_install "tensorboard==\d+\.\d+\.\d+"', dockerfile)
+    assert re.search(
+        r'python3 -c "import tensorboard" 2>/dev/null \|\| pip_install "tensorboard==\d+\.\d+\.\d+"',
+        dockerfile,
+    )

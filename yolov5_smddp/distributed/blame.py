@@ -3,6 +3,10 @@
 When one rank dies, the others fail a moment later with transport errors ("Connection reset by peer",
 Gloo's "Timed out", NCCL's watchdog): torch's agent names the failure with the earliest timestamp, which is
 often a survivor. `blame(failures)` orders the failed workers of this host instead:
+0. a rank that names a hung peer (distributed/liveness.py's "did not answer the collective for": the peer's
+   heartbeat stopped while it was alive), ahead of that peer's own end: the launcher kills a hung rank
+   (torch's agent: SIGKILL after its grace, which torch 2.10's agent reports as that rank's failure: seen in
+   CI), so its signal is the symptom's end, not the cause;
 1. a rank ended by a signal (SIGKILL, SIGSEGV, ...): the kernel's OOM killer when the oom_kill count of
    this process's memory cgroup (v2) or its subtree (v1) grew during the run ("killed by the OOM killer: memory");
 2. a rank's own error (a known problem's one line, a traceback's last line);
@@ -17,6 +21,8 @@ import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+
+from yolov5_smddp.distributed.liveness import HUNG_WORDS
 
 TRANSPORT_SIGNS = re.compile(
     r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|Timed out|"
@@ -39,11 +45,13 @@ class Failed:
 
 
 def _tier(failed: Failed) -> int:
-    if failed.exitcode < 0:
+    if HUNG_WORDS in failed.message:
         return 0
-    if failed.message and not TRANSPORT_SIGNS.search(failed.message):
+    if failed.exitcode < 0:
         return 1
-    return 2
+    if failed.message and not TRANSPORT_SIGNS.search(failed.message):
+        return 2
+    return 3
 
 
 def blame(failures: list[Failed]) -> Failed:

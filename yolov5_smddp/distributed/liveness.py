@@ -43,6 +43,11 @@ TRANSPORT_SIGNS = (
     "Watchdog caught collective operation timeout",
 )
 
+HUNG_WORDS = "did not answer the collective for"
+"""RankStopped's words for a rank that was alive but stuck (its heartbeat stopped, its socket open): the
+launcher then kills that rank (torch's agent with SIGKILL after its grace), which is the end of the symptom,
+not a second cause (distributed/blame.py names this message first)."""
+
 _state: dict[str, Any] = {}
 
 
@@ -125,7 +130,7 @@ def explain(exc: BaseException) -> RankStopped | None:
     waited = f"{timeout_s:g} s (--dist-timeout)"
     if thread.is_alive() or "ranks" not in found:
         return RankStopped(
-            f"training rank 0, which hosts the job's store, did not answer the collective for {waited} "
+            f"training rank 0, which hosts the job's store, {HUNG_WORDS} {waited} "
             f"nor the store for {STORE_WAIT_S:g} s: it was paused, hung, or its host stalled "
             f"(noticed by rank {me} on host {socket.gethostname()})"
         )
@@ -135,7 +140,7 @@ def explain(exc: BaseException) -> RankStopped | None:
     noticed = f"(noticed by rank {me} on host {socket.gethostname()})"
     if "imed out" in str(exc):
         return RankStopped(
-            f"training {named} did not answer the collective for {waited}: its heartbeat stopped (paused "
+            f"training {named} {HUNG_WORDS} {waited}: its heartbeat stopped (paused "
             f"with SIGSTOP, hung, or its host stalled) {noticed}"
         )
     return RankStopped(
