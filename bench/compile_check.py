@@ -31,7 +31,7 @@ def run(
 
     from bench.cluster_check import _batch
     from yolov5_smddp.benchmarks.train import bench_training_stack
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
     from yolov5_smddp.models.yolo import build_model
     from yolov5_smddp.train.compile_settings import compile_settings
     from yolov5_smddp.train.engine import TrainStep, compile_plan, resolve_amp
@@ -49,7 +49,12 @@ def run(
 
     def step_for(model, net, keep: bool) -> TrainStep:
         stack = bench_training_stack(
-            model, load_hyp("scratch-low"), nc=NC, imgsz=imgsz_i, batch=batch_i * MICRO_STEPS, amp=amp
+            model,
+            Hyp.from_dict(load_hyp("scratch-low")),
+            nc=NC,
+            imgsz=imgsz_i,
+            batch=batch_i * MICRO_STEPS,
+            amp=amp,
         )
         return TrainStep(
             net,

@@ -104,7 +104,7 @@ def run(
     import torch
 
     from yolov5_smddp.benchmarks.train import bench_training_stack
-    from yolov5_smddp.config.hyp import load_hyp
+    from yolov5_smddp.config.hyp import Hyp, load_hyp
     from yolov5_smddp.data.bytes_dataset import BytesDataset
     from yolov5_smddp.data.gpu_batch import GpuLoader
     from yolov5_smddp.data.labels import build_label_index
@@ -125,7 +125,7 @@ def run(
     index = build_label_index(
         [work / "data" / "images" / "train"], nc=NC, root=work / "data", cache_dir=work / "cache"
     )
-    dataset = BytesDataset(index, imgsz_i, augment=True, hyp={})
+    dataset = BytesDataset(index, imgsz_i, augment=True, hyp=None)
     inner = build_dataloader(
         dataset,
         batch_size=batch_i,
@@ -158,7 +158,9 @@ def run(
     torch.manual_seed(0)
     model = build_model(f"{cfg}.yaml", nc=NC).to(dev).train()
     amp = resolve_amp("auto", dev.type, torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None)
-    stack = bench_training_stack(model, load_hyp("scratch-low"), nc=NC, imgsz=imgsz_i, batch=batch_i, amp=amp)
+    stack = bench_training_stack(
+        model, Hyp.from_dict(load_hyp("scratch-low")), nc=NC, imgsz=imgsz_i, batch=batch_i, amp=amp
+    )
     step = TrainStep(model, stack.criterion, stack.optimizer, stack.scaler, stack.ema, amp, dev)
 
     def endless():

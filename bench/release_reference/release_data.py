@@ -53,7 +53,7 @@ def main() -> int:
         theirs_scan = len(theirs) / (time.perf_counter() - start)
 
         cv2.setNumThreads(1)
-        ours = YoloDataset(index, args.imgsz, augment=True, hyp={})
+        ours = YoloDataset(index, args.imgsz, augment=True, hyp=None)
         rates = interleaved_rates(
             {"ours": _sample_stream(ours), "release": _sample_stream(theirs)}, args.iters, args.rounds
         )

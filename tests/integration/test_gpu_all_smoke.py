@@ -16,8 +16,8 @@ SUITE_ENV = "YOLOV5_SMDDP_SUITE"
 
 
 @pytest.mark.skipif(
-    os.environ.get(SUITE_ENV) == "current",
-    reason="bench/gpu_all.sh SMOKE runs in the DLC-versions suite only (build.sh's current-DLC suite skips it)",
+    os.environ.get(SUITE_ENV) == "dlc-versions",
+    reason="bench/gpu_all.sh SMOKE runs in the current-DLC suite only (build.sh's DLC-versions suite skips it)",
 )
 def test_gpu_all_smoke_runs_every_phase_on_the_cpu(tmp_path):
     out = tmp_path / "out"
