@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Unpacks the YOLOv5 release v7.0 (PyPI `yolov5` 7.0.14, GPL-3.0) into bench/release_reference/release_src/
-# (git-ignored: never committed, never in our image) so that bench/gpu_check.sh can time its training step
+# (git-ignored: never committed, never in our image) so that bench/gpu_all.sh can time its training step
 # side by side on a machine without network access. Run it here, where PyPI is reachable; then carry the
 # folder to the GPU machine with the checkout (e.g. the device tool's `carry`).
 #
