@@ -255,11 +255,10 @@ cmd_test() {
         pids+=($!)
         names+=("$1")
     }
-    chain_image() {  # chain_image NAME PID: the test image its chain built (stdout), or "" with its log's end
-        local rc=0
-        wait "$2" || rc=$?
-        if [[ $rc -ne 0 ]]; then
-            echo "== the $1 test image did not build (exit $rc); the end of its log:" >&2
+    chain_image() {  # chain_image NAME EXIT: the test image its chain built (stdout), or "" with its log's end
+        # (the caller waits for the chain: `wait` inside $(...) cannot wait for the parent shell's children)
+        if [[ $2 -ne 0 ]]; then
+            echo "== the $1 test image did not build (exit $2); the end of its log:" >&2
             tail -n 40 "$logs/$1.log" >&2
             return 0
         fi
@@ -267,8 +266,9 @@ cmd_test() {
         echo "== the $1 test image ready after $((SECONDS - start)) s" >&2
         tail -n 1 "$logs/$1.out"
     }
-    local current_test_image dlc_test_image
-    current_test_image="$(chain_image current "$current_pid")"
+    local current_test_image dlc_test_image chain_rc=0
+    wait "$current_pid" || chain_rc=$?
+    current_test_image="$(chain_image current "$chain_rc")"
     if [[ -z $current_test_image ]]; then
         failed+=("the current-DLC test image did not build (its log's end above)")
     else
@@ -281,7 +281,9 @@ cmd_test() {
             "$current_test_image" current
     fi
     if [[ -n $dlc_pid ]]; then
-        dlc_test_image="$(chain_image dlc "$dlc_pid")"
+        chain_rc=0
+        wait "$dlc_pid" || chain_rc=$?
+        dlc_test_image="$(chain_image dlc "$chain_rc")"
         if [[ -z $dlc_test_image ]]; then
             failed+=("the DLC-versions test image did not build (its log's end above)")
         else
