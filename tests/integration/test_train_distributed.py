@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from launchers import mpirun, single, torchrun
-from stopping import model_files, run_until, stopped_model_files
+from stopping import first_export, model_files, run_until, stopped_model_files
 from tiny_training import tiny_training
 
-from yolov5_smddp.serving import serving_formats
-
-FIRST_EXPORT = serving_formats()[0]
-"""The model folder's first export where these tests run: pt2 on torch >= 2.10, else torchscript."""
+FIRST_EXPORT = first_export()
 
 
 pytestmark = pytest.mark.slow

@@ -15,12 +15,9 @@ import pytest
 import torch
 from child_env import child_env as _env  # this checkout first on PYTHONPATH, no rank variables
 from detections import assert_same_detections, run_handler
-from stopping import model_files, run_until, stopped_model_files
+from stopping import first_export, model_files, run_until, stopped_model_files
 
-from yolov5_smddp.serving import serving_formats
-
-FIRST_EXPORT = serving_formats()[0]
-"""The model folder's first export where these tests run: pt2 on torch >= 2.10, else torchscript."""
+FIRST_EXPORT = first_export()
 
 
 pytestmark = pytest.mark.slow

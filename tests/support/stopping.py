@@ -9,11 +9,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
+def first_export() -> str:
+    """The model folder's first export where the tests run: "pt2" on torch >= 2.10, else "torchscript"
+    (serving.serving_formats()[0]; imported here, not at the top: tests/docker use this module without torch)."""
+    from yolov5_smddp.serving import serving_formats
+
+    return serving_formats()[0]
+
+
 def stopped_model_files(first_export: str) -> list[str]:
     """The model folder of a job stopped by SIGTERM with time to spare (more than 30 s of the 120 s left):
     the weights, both exports, the serving handler, the run's config and its metrics (interrupted).
-    `first_export`: serving.serving_formats()[0] where the job ran, "pt2" on torch >= 2.10, else
-    "torchscript" (the container tests' SMDDP stand-in)."""
+    `first_export`: `first_export()` where the job ran in this process's torch, "torchscript" for the
+    container tests' SMDDP stand-in."""
     return sorted(
         ["best.onnx", "best.pt", f"best.{first_export}", "code/inference.py", "config.json", "metrics.json"]
     )
